@@ -1,0 +1,90 @@
+"""The one settings base class every config is built on.
+
+`BaseConfig` is a section (`[trainer.optim]`, `[loss]`, ...): strict, unknown keys are
+errors. `EntrypointConfig` is what an entrypoint (`rl`, `trainer`, ...) parses: a
+pydantic-settings model whose sources are, by precedence,
+
+    CLI overrides  >  PRIME_* environment variables  >  later TOML  >  earlier TOML  >  defaults
+
+Use `prime_rl.configs.cli.parse_config(MyConfig, argv)` to build one from the command line.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from prime_rl.configs.toml_io import deep_merge, read_toml
+
+ENV_PREFIX = "PRIME_"
+ENV_NESTED_DELIMITER = "__"
+
+# The class being built and its TOML files. A context variable because pydantic-settings
+# builds sources from the class, not the instance; the class check keeps nested entrypoint
+# configs (`rl`'s `[trainer]` default) from reading the outer command's files and env vars.
+_building: ContextVar[tuple[type | None, tuple[Path, ...]]] = ContextVar("_building", default=(None, ()))
+
+
+class BaseConfig(BaseModel):
+    """A config section: typed, validated on assignment, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class _TomlFilesSource(PydanticBaseSettingsSource):
+    """The TOML files given with `@ file.toml`, deep-merged in order (later wins)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        raise NotImplementedError  # __call__ is overridden; pydantic-settings requires the method
+
+    def __call__(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for path in _building.get()[1]:
+            merged = deep_merge(merged, read_toml(path))
+        return merged
+
+
+class EntrypointConfig(BaseSettings):
+    """Top-level config of one entrypoint, built from TOML files, env vars and CLI flags."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        env_parse_none_str="none",
+    )
+
+    # Set by subclasses: the command name shown in --help, and keys --help leaves out of
+    # nested sections (rl's shared keys, which its components inherit).
+    command: ClassVar[str] = ""
+    help_hidden: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if _building.get()[0] is not settings_cls:
+            return (init_settings,)
+        # init kwargs carry the CLI overrides, so they outrank the environment.
+        return (init_settings, env_settings, _TomlFilesSource(settings_cls))
+
+    @classmethod
+    def build(cls, toml_files: list[Path] | tuple[Path, ...] = (), overrides: dict[str, Any] | None = None):
+        """Build the config from TOML files (in order) and CLI-style nested overrides."""
+        token = _building.set((cls, tuple(Path(p) for p in toml_files)))
+        try:
+            return cls(**(overrides or {}))
+        finally:
+            _building.reset(token)

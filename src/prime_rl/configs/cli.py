@@ -1,0 +1,303 @@
+"""Command-line front end shared by every entrypoint.
+
+    <command> [@ file.toml ...] [--dotted.key value ...] [--flag | --no-flag] [--dry-run] [--help]
+
+Keys may use `-` or `_` (`--max-steps` == `--max_steps`). Values are read as TOML
+literals when they parse as one (`7`, `1e-5`, `true`, `[0, 1]`, `"text"`) and as plain
+strings otherwise (`--loss.type sapo`).
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
+
+from prime_rl.configs.base import EntrypointConfig
+from prime_rl.configs.toml_io import dump_toml
+from prime_rl.utils.errors import ConfigError, PrimeError
+
+C = TypeVar("C", bound=EntrypointConfig)
+
+
+class ParsedArgs(typing.NamedTuple):
+    toml_files: list[Path]
+    overrides: dict[str, Any]
+    help: bool
+    dry_run: bool
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p.replace("-", "_") for p in dotted.split(".")]
+    if any(not p for p in parts):
+        raise ConfigError(f"malformed option --{dotted}")
+    node = target
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"option --{dotted} conflicts with an earlier value for --{part}")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_args(argv: Sequence[str]) -> ParsedArgs:
+    """Split argv into TOML files, nested overrides and the --help/--dry-run flags."""
+    files: list[Path] = []
+    overrides: dict[str, Any] = {}
+    want_help = dry_run = False
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            want_help = True
+        elif arg == "--dry-run":
+            dry_run = True
+        elif arg == "@":
+            if i + 1 >= len(args):
+                raise ConfigError("'@' must be followed by a TOML file path")
+            files.append(Path(args[i + 1]))
+            i += 1
+        elif arg.startswith("@"):
+            files.append(Path(arg[1:]))
+        elif arg.startswith("--"):
+            key, eq, inline = arg[2:].partition("=")
+            if eq:
+                _set_dotted(overrides, key, _parse_value(inline))
+            elif i + 1 < len(args) and not args[i + 1].startswith("--") and not args[i + 1].startswith("@"):
+                _set_dotted(overrides, key, _parse_value(args[i + 1]))
+                i += 1
+            else:
+                # A bare flag: --flag is true, --no-flag (or --section.no-flag) is false.
+                head, _, last = key.rpartition(".")
+                if last.startswith("no-") or last.startswith("no_"):
+                    _set_dotted(overrides, (head + "." if head else "") + last[3:], False)
+                else:
+                    _set_dotted(overrides, key, True)
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}: use '@ file.toml' or '--key value'")
+        i += 1
+    return ParsedArgs(files, overrides, want_help, dry_run)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def _union_members(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _union_members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) for m in _union_members(a)]
+    return [annotation]
+
+
+def _model_types(annotation: Any) -> list[type[BaseModel]]:
+    """The BaseModel classes a field may hold (several for a discriminated union)."""
+    found = []
+    for member in _union_members(annotation):
+        origin = typing.get_origin(member)
+        if origin in (list, tuple) and typing.get_args(member):
+            found += _model_types(typing.get_args(member)[0])
+        elif isinstance(member, type) and issubclass(member, BaseModel):
+            found.append(member)
+    return found
+
+
+def _tag_of(model: type[BaseModel]) -> str | None:
+    field = model.model_fields.get("type")
+    if field is not None and typing.get_origin(field.annotation) is Literal:
+        return typing.get_args(field.annotation)[0]
+    return None
+
+
+def _walk(root: type[BaseModel], loc: Sequence[Any]) -> tuple[str, type[BaseModel] | None]:
+    """Follow an error location through nested models, list indices and union tags.
+
+    Returns the dotted key as the user writes it and the model class reached, if any.
+    """
+    parts: list[str] = []
+    candidates: list[type[BaseModel]] = [root]
+    for part in loc:
+        if isinstance(part, int):
+            if parts:
+                parts[-1] += f"[{part}]"
+            continue
+        if len(candidates) > 1:
+            # Inside a discriminated union pydantic puts the variant's tag into the location.
+            tagged = [m for m in candidates if _tag_of(m) == part]
+            if tagged:
+                candidates = tagged
+                continue
+        parts.append(str(part))
+        field = candidates[0].model_fields.get(part) if len(candidates) == 1 else None
+        candidates = _model_types(field.annotation) if field is not None else []
+    return ".".join(parts), candidates[0] if len(candidates) == 1 else None
+
+
+def format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
+    """One line: the first problem, naming the key and what is allowed."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = first.get("loc", ())
+    key = _walk(root, loc)[0] or "<root>"
+    if first["type"] == "extra_forbidden":
+        parent = _walk(root, loc[:-1])[1]
+        allowed = ", ".join(parent.model_fields) if parent is not None else ""
+        msg = f"unknown config key '{key}'" + (f" (allowed here: {allowed})" if allowed else "")
+    else:
+        got = first.get("input")
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        text = first["msg"].removeprefix("Value error, ")
+        msg = f"invalid config: {text}" if key == "<root>" else f"invalid value for '{key}': {text}{shown}"
+    if len(errors) > 1:
+        msg += f" [and {len(errors) - 1} more problem(s)]"
+    return msg
+
+
+# ---------------------------------------------------------------------------- help
+
+
+def _type_name(annotation: Any) -> str:
+    members = [m for m in _union_members(annotation)]
+    names = []
+    for m in members:
+        if m is type(None):
+            names.append("none")
+        elif typing.get_origin(m) is Literal:
+            names.append("{" + ",".join(str(a) for a in typing.get_args(m)) + "}")
+        elif typing.get_origin(m) in (list, tuple, dict):
+            names.append(typing.get_origin(m).__name__)
+        elif isinstance(m, type):
+            names.append(m.__name__.lower() if m.__module__ == "builtins" else m.__name__)
+        else:
+            names.append(str(m))
+    return "|".join(names)
+
+
+def _default_text(field: Any) -> str:
+    if field.default is PydanticUndefined:
+        if field.default_factory is not None:
+            try:
+                value = field.default_factory()
+            except TypeError:
+                return ""
+            if isinstance(value, BaseModel):
+                return ""
+            return f" (default: {_show(value)})"
+        return " (required)"
+    return f" (default: {_show(field.default)})"
+
+
+def _show(value: Any) -> str:
+    return str(value) if isinstance(value, Path) else repr(value)
+
+
+def help_lines(model: type[BaseModel], prefix: str = "", condition: str = "", hide: tuple[str, ...] = ()) -> list[str]:
+    """One line per key: `--dotted.key TYPE  description (default)`, sections recursed.
+
+    `hide` names keys left out one level down (the shared keys `rl` hands to its components).
+    """
+    lines: list[str] = []
+    for name, field in model.model_fields.items():
+        if name in hide:
+            continue
+        key = f"{prefix}{name}"
+        models = _model_types(field.annotation)
+        desc = (field.description or "").strip().splitlines()
+        desc_text = desc[0] if desc else ""
+        is_list = typing.get_origin(_union_members(field.annotation)[0]) in (list, tuple)
+        if models and not is_list:
+            if len(models) == 1:
+                lines.append(f"[{key}] {desc_text}")
+                lines += help_lines(models[0], f"{key}.", condition, hide if not prefix else ())
+            else:
+                tags = ",".join(t for m in models if (t := _tag_of(m)))
+                lines.append(f"--{key}.type {{{tags}}}  {desc_text}")
+                for m in models:
+                    tag = _tag_of(m)
+                    sub = [ln for ln in help_lines(m, f"{key}.", f"{key}.type={tag}") if not ln.startswith(f"--{key}.type ")]
+                    lines += sub
+            continue
+        cond = f" [{condition}]" if condition else ""
+        type_text = f"list of [{'|'.join(m.__name__ for m in models)}] tables" if models else _type_name(field.annotation)
+        lines.append(f"--{key} {type_text}{cond}  {desc_text}{_default_text(field)}")
+    return lines
+
+
+def render_help(config_cls: type[EntrypointConfig]) -> str:
+    doc = (config_cls.__doc__ or "").strip().splitlines()
+    head = [
+        f"usage: {config_cls.command or 'command'} [@ file.toml ...] [--key value ...] [--dry-run] [--help]",
+        "",
+        doc[0] if doc else "",
+        "",
+        "Precedence: CLI > PRIME_* env vars (nested with __) > later TOML > earlier TOML > defaults.",
+        "Booleans: --flag / --no-flag. Keys accept '-' or '_'.",
+        "",
+    ]
+    lines = help_lines(config_cls, hide=config_cls.help_hidden)
+    if config_cls.help_hidden:
+        shared = ", ".join(config_cls.help_hidden)
+        lines.append(f"(components take the shared keys from the top level: {shared})")
+    return "\n".join(head + lines)
+
+
+# ---------------------------------------------------------------------------- entry
+
+
+def build_config(config_cls: type[C], argv: Sequence[str]) -> tuple[C, ParsedArgs]:
+    args = parse_args(argv)
+    try:
+        return config_cls.build(args.toml_files, args.overrides), args
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, config_cls)) from None
+
+
+def fail(message: str, code: int) -> typing.NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def parse_config(config_cls: type[C], argv: Sequence[str] | None = None) -> C:
+    """Parse argv into `config_cls`; handles --help and --dry-run (both exit 0).
+
+    Any config problem prints one line and exits with code 2.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if any(a in ("-h", "--help") for a in argv):
+            print(render_help(config_cls))
+            raise SystemExit(0)
+        config, args = build_config(config_cls, argv)
+    except PrimeError as exc:
+        fail(str(exc), exc.exit_code)
+    if args.dry_run:
+        print(dump_toml(config.model_dump(mode="json")), end="")
+        raise SystemExit(0)
+    return config
+
+
+def run_main(config_cls: type[C], body: Callable[[C], Any], argv: Sequence[str] | None = None) -> None:
+    """The shape of every entrypoint: parse the config, run, turn known errors into one line."""
+    config = parse_config(config_cls, argv)
+    try:
+        body(config)
+    except PrimeError as exc:
+        fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)

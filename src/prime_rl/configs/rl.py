@@ -1,0 +1,81 @@
+"""The composite config of `rl`: shared keys plus the three component configs.
+
+`rl` owns the shared keys (`model`, `output_dir`, `max_steps`, `seq_len`, `seed`,
+`wandb`, `max_async_level`, `loss`, `ckpt`) and hands each one down to every component
+config that has it. A component that sets a shared key itself must agree with `rl`'s
+value; a different value is an error, never a silent override.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated
+
+from pydantic import BaseModel, Field, model_validator
+
+from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.loss import DefaultLossConfig, LossConfig
+from prime_rl.configs.shared import CkptConfig, RunConfig
+from prime_rl.inference.config import InferenceConfig
+from prime_rl.orchestrator.config import OrchestratorConfig
+from prime_rl.trainer.config import TrainerConfig
+
+SHARED_KEYS = ("model", "output_dir", "max_steps", "seq_len", "seed", "wandb", "max_async_level", "loss", "ckpt")
+COMPONENTS = ("inference", "orchestrator", "trainer")
+
+
+class DeploymentConfig(BaseConfig):
+    """Where each component runs."""
+
+    inference_gpu_ids: list[int] = Field(default_factory=list)
+    """CUDA devices for the inference server (empty: GPU 0 if there is one, else CPU)."""
+    trainer_gpu_ids: list[int] = Field(default_factory=list)
+    """CUDA devices for the trainer (empty: the next GPU after inference's, else CPU)."""
+
+
+def _hand_down(shared: BaseModel, sub: BaseModel, names: Iterable[str], where: str) -> None:
+    """Copy the fields `names` of `shared` into `sub`; a value `sub` set explicitly must agree.
+
+    Sections of the same type recurse field by field, so a component's own extra fields
+    survive and only an explicitly set, different leaf is a contradiction.
+    """
+    for name in names:
+        mine, theirs = getattr(shared, name), getattr(sub, name)
+        key = f"{where}.{name}" if where else name
+        if isinstance(mine, BaseModel) and type(theirs) is type(mine):
+            _hand_down(mine, theirs, type(mine).model_fields, key)
+            continue
+        if name in sub.model_fields_set and theirs != mine:
+            raise ValueError(f"'{key}' = {theirs!r} contradicts the shared value {mine!r}; set it once, at the top level")
+        object.__setattr__(sub, name, mine)
+
+
+class RLConfig(RunConfig):
+    """rl: one TOML for the inference server, orchestrator and trainer of an RL run."""
+
+    command = "rl"
+    help_hidden = SHARED_KEYS
+
+    max_async_level: Annotated[int, Field(ge=0)] = 1
+    """Rollouts of step n may use weights of step m only if n - m <= this (0: on-policy)."""
+    loss: LossConfig = Field(default_factory=DefaultLossConfig)
+    """Policy loss (see docs/losses.md); handed to the trainer."""
+    ckpt: CkptConfig = Field(default_factory=CkptConfig)
+    """Checkpointing and resume (trainer and orchestrator)."""
+    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
+    """Device placement."""
+
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    """The inference server."""
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    """The orchestrator."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """The trainer."""
+
+    @model_validator(mode="after")
+    def _share_keys(self) -> RLConfig:
+        for component in COMPONENTS:
+            sub = getattr(self, component)
+            names = [key for key in SHARED_KEYS if key in type(sub).model_fields]
+            _hand_down(self, sub, names, component)
+        return self

@@ -1,0 +1,70 @@
+"""Config sections used by more than one component (the keys `rl` hands down)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from prime_rl.configs.base import BaseConfig, EntrypointConfig
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ModelConfig(BaseConfig):
+    """Which model every component loads."""
+
+    name: str = "tiny-reverse-text"
+    """Local directory or hub name of a Hugging Face causal LM ('tiny-reverse-text' is the embedded default)."""
+
+    trust_remote_code: bool = False
+    """Allow model code shipped with the checkpoint (transformers' trust_remote_code)."""
+
+
+class WandbConfig(BaseConfig):
+    """Weights & Biases logging. Metrics always go to metrics.jsonl too."""
+
+    project: str = "prime-rl"
+    """W&B project."""
+
+    name: str | None = None
+    """Run name (default: the output directory's name)."""
+
+    mode: Literal["online", "offline", "disabled"] | None = None
+    """online, offline or disabled (default: online if WANDB_API_KEY is set, else offline)."""
+
+
+class CkptConfig(BaseConfig):
+    """Checkpoints for resuming (trainer and orchestrator state)."""
+
+    interval: PositiveInt | None = None
+    """Checkpoint every this many steps (and always at the end); none: only at the end."""
+
+    resume_step: PositiveInt | Literal["latest"] | None = None
+    """Resume from checkpoints/step_N (an integer) or the newest one ('latest')."""
+
+    keep: PositiveInt | None = None
+    """Keep only the newest this many checkpoints (none: keep all)."""
+
+
+class RunConfig(EntrypointConfig):
+    """Keys every component of one run agrees on; `rl` owns them and hands them down."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model."""
+
+    output_dir: Path = Path("outputs/run")
+    """Run directory: configs, rollouts, weights, checkpoints, logs, metrics."""
+
+    max_steps: PositiveInt = 20
+    """Number of optimizer steps (= rollout batches)."""
+
+    seq_len: PositiveInt = 2048
+    """Longest packed training row in tokens (prompt + completion of one or more samples)."""
+
+    seed: int = 0
+    """Seed for sampling prompts, initialisation and generation."""
+
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """W&B logging."""

@@ -1,0 +1,58 @@
+"""`Monitor`: the single entry point components use to log metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prime_rl.configs.shared import WandbConfig
+from prime_rl.configs.toml_io import write_toml
+from prime_rl.monitor.sinks import ConsoleSink, JsonlSink, WandbSink
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def to_float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().mean())
+    return float(value)
+
+
+class Monitor:
+    """Fans `log(metrics, step)` out to `<output_dir>/metrics.jsonl`, the console and W&B.
+
+    The run config is written to `<output_dir>/configs/<source>.toml` and recorded in W&B.
+    Non-finite values are logged as they are (the JSONL line holds NaN) so they stay visible.
+    """
+
+    def __init__(
+        self,
+        output_dir: Path,
+        source: str,
+        wandb: WandbConfig | None = None,
+        run_config: dict[str, Any] | None = None,
+        console: bool = True,
+        console_keys: tuple[str, ...] | None = None,
+    ):
+        self.output_dir = Path(output_dir)
+        self.source = source
+        if run_config is not None:
+            write_toml(self.output_dir / "configs" / f"{source}.toml", run_config)
+        self.jsonl = JsonlSink(self.output_dir / METRICS_FILE, source)
+        self.sinks: list[Any] = [self.jsonl]
+        if console:
+            self.sinks.append(ConsoleSink(source, console_keys))
+        self.wandb = WandbSink(wandb or WandbConfig(), self.output_dir, source, run_config)
+        self.sinks.append(self.wandb)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        values = {key: to_float(value) for key, value in metrics.items()}
+        for sink in self.sinks:
+            sink.log(values, step)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+

@@ -1,0 +1,67 @@
+"""Configs of the `trainer` (RL) entrypoint and the pieces `sft` shares with it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.loss import DefaultLossConfig, LossConfig
+from prime_rl.configs.shared import CkptConfig, RunConfig
+
+
+class OptimConfig(BaseConfig):
+    """AdamW and gradient clipping."""
+
+    lr: Annotated[float, Field(gt=0)] = 3e-4
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: Annotated[float, Field(gt=0)] = 1e-8
+    """AdamW epsilon."""
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW decoupled weight decay."""
+    max_norm: Annotated[float, Field(gt=0)] | None = 1.0
+    """Clip the global gradient norm to this value (none: no clipping)."""
+
+
+class SchedulerConfig(BaseConfig):
+    """Learning-rate schedule over `max_steps`."""
+
+    type: Literal["constant", "linear", "cosine"] = "constant"
+    """constant: lr after warm-up; linear / cosine: decay to min_lr_ratio * lr at the last step."""
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Linear warm-up from 0 to lr over this many steps."""
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Final lr as a fraction of lr (linear and cosine)."""
+
+
+class TrainerModelOptions(BaseConfig):
+    """How the trainer runs the model."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter dtype: auto is float32 on CPU and bfloat16 (mixed precision) on GPU."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """Attention kernel (flash_attention_2 needs the flash-attn package)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward to save memory."""
+    compile: bool = False
+    """torch.compile each decoder layer."""
+
+
+class TrainerConfig(RunConfig):
+    """RL trainer: reads rollout batches, steps the policy with the configured loss, writes weights."""
+
+    command = "trainer"
+
+    loss: LossConfig = Field(default_factory=DefaultLossConfig)
+    """Policy loss (see docs/losses.md)."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer."""
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    """Learning-rate schedule."""
+    ckpt: CkptConfig = Field(default_factory=CkptConfig)
+    """Checkpointing and resume."""
+    runtime: TrainerModelOptions = Field(default_factory=TrainerModelOptions)
+    """dtype, attention kernel, activation checkpointing, compile."""

@@ -1,0 +1,124 @@
+"""The rollout-batch file: the one contract between orchestrator and trainer.
+
+`rollouts/step_N/rank_R.pt` holds what trainer rank R trains on at step N:
+
+    {
+      "step": N,                       # the optimizer step this batch is for
+      "temperature": float,            # sampling temperature (trainer divides logits by it)
+      "max_tokens": int,               # completion budget per sample (LossScale's L)
+      "micro_batches": [MicroBatch-as-dict, ...],
+    }
+
+Every rank's file of one step holds the same number of micro-batches (FSDP needs every
+rank in every forward); a padding micro-batch has `loss_mask` all false.
+
+A micro-batch is one packed row, flat over its T <= seq_len tokens. Token t of the row is
+`input_ids[t]`; `loss_mask[t]`, `inference_logprobs[t]` and `advantages[t]` describe that
+token (its logprob is predicted from position t - 1), so the first token of every sample
+is never trained. Samples are laid end to end; `position_ids` restart at 0 per sample.
+The step directory is written atomically (all ranks' files appear at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from prime_rl.utils.fs import atomic_dir
+
+OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs")
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # long [T]
+    position_ids: torch.Tensor  # long [T], restart at 0 per sample
+    sample_lens: torch.Tensor  # long [S], sums to T
+    loss_mask: torch.Tensor  # bool [T], true on completion tokens that train
+    inference_logprobs: torch.Tensor  # float32 [T], logprob of input_ids[t] under the sampler, 0 off-mask
+    advantages: torch.Tensor  # float32 [T]
+    policy_step: torch.Tensor  # long [S], weight step that generated each sample
+    ref_logprobs: torch.Tensor | None = None  # float32 [T]
+    teacher_logprobs: torch.Tensor | None = None  # float32 [T]
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    @property
+    def num_samples(self) -> int:
+        """Samples with at least one trained token (padding rows count zero)."""
+        per_sample = torch.segment_reduce(self.loss_mask.float(), "sum", lengths=self.sample_lens)
+        return int((per_sample > 0).sum())
+
+    def validate(self) -> None:
+        T = self.num_tokens
+        for name in ("position_ids", "loss_mask", "inference_logprobs", "advantages", *OPTIONAL_TOKEN_FIELDS):
+            value = getattr(self, name)
+            if value is not None and value.shape != (T,):
+                raise ValueError(f"micro-batch field {name} has shape {tuple(value.shape)}, expected ({T},)")
+        if int(self.sample_lens.sum()) != T:
+            raise ValueError(f"sample_lens sum to {int(self.sample_lens.sum())}, expected {T}")
+        if self.policy_step.shape != self.sample_lens.shape:
+            raise ValueError("policy_step must have one entry per sample")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MicroBatch:
+        return cls(**data)
+
+
+@dataclass
+class RankBatch:
+    step: int
+    temperature: float
+    max_tokens: int
+    micro_batches: list[MicroBatch]
+
+
+def step_dir(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "rollouts" / f"step_{step}"
+
+
+def rank_file(directory: Path, rank: int) -> Path:
+    return Path(directory) / f"rank_{rank}.pt"
+
+
+def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
+    """Write all ranks' batches of `step` at once (atomic directory rename)."""
+    counts = {len(b.micro_batches) for b in per_rank}
+    if len(counts) != 1:
+        raise ValueError(f"every rank needs the same number of micro-batches, got {sorted(counts)}")
+    target = step_dir(output_dir, step)
+    with atomic_dir(target) as tmp:
+        for rank, batch in enumerate(per_rank):
+            for mb in batch.micro_batches:
+                mb.validate()
+            payload = {
+                "step": batch.step,
+                "temperature": batch.temperature,
+                "max_tokens": batch.max_tokens,
+                "micro_batches": [mb.to_dict() for mb in batch.micro_batches],
+            }
+            torch.save(payload, rank_file(tmp, rank))
+    return target
+
+
+def read_rank(output_dir: Path, step: int, rank: int) -> RankBatch:
+    """Load one rank's batch (the caller waits for the step directory first)."""
+    payload = torch.load(rank_file(step_dir(output_dir, step), rank), weights_only=True)
+    return RankBatch(
+        step=payload["step"],
+        temperature=payload["temperature"],
+        max_tokens=payload["max_tokens"],
+        micro_batches=[MicroBatch.from_dict(d) for d in payload["micro_batches"]],
+    )

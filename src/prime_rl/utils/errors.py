@@ -1,0 +1,17 @@
+"""Errors that end a command with a one-line message instead of a traceback."""
+
+
+class PrimeError(Exception):
+    """A failure with a message that says everything; the command exits with `exit_code`."""
+
+    exit_code = 1
+
+
+class UserError(PrimeError):
+    """A problem with what the user gave us (bad input, a missing file). Exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A config that cannot be read or does not validate."""

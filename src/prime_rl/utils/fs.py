@@ -1,0 +1,79 @@
+"""Atomic file writes and bounded waits: the output directory's two rules.
+
+Every file is written under a temporary name in the same directory and renamed into
+place, so a reader never sees half a file. Every wait has a timeout and a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prime_rl.utils.errors import PrimeError
+
+
+class WaitTimeout(PrimeError):
+    """Something we waited for did not appear in time."""
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temporary file path beside `path`; on success rename it onto `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+@contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `path`; on success rename it onto `path`.
+
+    An existing directory at `path` is replaced. Readers wait for `path` to exist, so
+    they see either nothing or the complete directory.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def wait_for_path(path: Path, timeout_s: float, what: str, poll_s: float = 0.05, alive=None) -> float:
+    """Wait until `path` exists; return the seconds waited.
+
+    `alive`, if given, is called each poll and may raise to abort the wait early (for
+    example when the producer process died). Raises `WaitTimeout` naming `what`.
+    """
+    path = Path(path)
+    start = time.monotonic()
+    while not path.exists():
+        if alive is not None:
+            alive()
+        waited = time.monotonic() - start
+        if waited > timeout_s:
+            raise WaitTimeout(f"timed out after {timeout_s:.0f}s waiting for {what} ({path})")
+        time.sleep(min(poll_s * (1 + waited), 1.0))
+    return time.monotonic() - start

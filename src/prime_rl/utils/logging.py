@@ -1,0 +1,38 @@
+"""One logger setup for every process: stderr plus `outputs/<run>/logs/<name>.log`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
+
+
+def setup_logging(name: str, output_dir: Path | None = None, level: str = "INFO") -> logging.Logger:
+    """Configure the `prime_rl` logger once per process and return the logger `name`.
+
+    With `output_dir`, lines also go to `output_dir/logs/<name>.log` (appended, so a
+    resumed run keeps its history).
+    """
+    root = logging.getLogger("prime_rl")
+    root.setLevel(level)
+    root.propagate = False
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    formatter = logging.Formatter(FORMAT, datefmt="%H:%M:%S")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(formatter)
+    root.addHandler(stream)
+    if output_dir is not None:
+        log_file = Path(output_dir) / "logs" / f"{name}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_file)
+        file_handler.setFormatter(formatter)
+        root.addHandler(file_handler)
+    return get_logger(name)
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(f"prime_rl.{name}")

@@ -1,0 +1,30 @@
+"""Fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tests never touch the network: hub lookups fail fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A random tiny Qwen3 (hidden 64, 2 layers) with the char tokenizer, saved in HF format."""
+    from prime_rl.utils.tiny_model import save_random_model
+
+    return save_random_model(tmp_path_factory.mktemp("tiny_model"), seed=0, hidden_size=64, num_layers=2)
+
+
+@pytest.fixture(autouse=True)
+def _no_prime_env(monkeypatch):
+    """PRIME_* variables of the developer's shell must not leak into config tests."""
+    for key in list(os.environ):
+        if key.startswith("PRIME_"):
+            monkeypatch.delenv(key)
