@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import sys
 import tomllib
-import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticUndefined
 
 from prime_rl.configs.base import EntrypointConfig
+from prime_rl.configs.describe import describe_config, model_types, tag_of
 from prime_rl.configs.toml_io import dump_toml
 from prime_rl.utils.errors import ConfigError, PrimeError
 
@@ -97,34 +96,6 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
 # ---------------------------------------------------------------------------- errors
 
 
-def _union_members(annotation: Any) -> list[Any]:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _union_members(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [m for a in typing.get_args(annotation) for m in _union_members(a)]
-    return [annotation]
-
-
-def _model_types(annotation: Any) -> list[type[BaseModel]]:
-    """The BaseModel classes a field may hold (several for a discriminated union)."""
-    found = []
-    for member in _union_members(annotation):
-        origin = typing.get_origin(member)
-        if origin in (list, tuple) and typing.get_args(member):
-            found += _model_types(typing.get_args(member)[0])
-        elif isinstance(member, type) and issubclass(member, BaseModel):
-            found.append(member)
-    return found
-
-
-def _tag_of(model: type[BaseModel]) -> str | None:
-    field = model.model_fields.get("type")
-    if field is not None and typing.get_origin(field.annotation) is Literal:
-        return typing.get_args(field.annotation)[0]
-    return None
-
-
 def _walk(root: type[BaseModel], loc: Sequence[Any]) -> tuple[str, type[BaseModel] | None]:
     """Follow an error location through nested models, list indices and union tags.
 
@@ -139,13 +110,13 @@ def _walk(root: type[BaseModel], loc: Sequence[Any]) -> tuple[str, type[BaseMode
             continue
         if len(candidates) > 1:
             # Inside a discriminated union pydantic puts the variant's tag into the location.
-            tagged = [m for m in candidates if _tag_of(m) == part]
+            tagged = [m for m in candidates if tag_of(m) == part]
             if tagged:
                 candidates = tagged
                 continue
         parts.append(str(part))
         field = candidates[0].model_fields.get(part) if len(candidates) == 1 else None
-        candidates = _model_types(field.annotation) if field is not None else []
+        candidates = model_types(field.annotation) if field is not None else []
     return ".".join(parts), candidates[0] if len(candidates) == 1 else None
 
 
@@ -172,73 +143,6 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
 # ---------------------------------------------------------------------------- help
 
 
-def _type_name(annotation: Any) -> str:
-    members = [m for m in _union_members(annotation)]
-    names = []
-    for m in members:
-        if m is type(None):
-            names.append("none")
-        elif typing.get_origin(m) is Literal:
-            names.append("{" + ",".join(str(a) for a in typing.get_args(m)) + "}")
-        elif typing.get_origin(m) in (list, tuple, dict):
-            names.append(typing.get_origin(m).__name__)
-        elif isinstance(m, type):
-            names.append(m.__name__.lower() if m.__module__ == "builtins" else m.__name__)
-        else:
-            names.append(str(m))
-    return "|".join(names)
-
-
-def _default_text(field: Any) -> str:
-    if field.default is PydanticUndefined:
-        if field.default_factory is not None:
-            try:
-                value = field.default_factory()
-            except TypeError:
-                return ""
-            if isinstance(value, BaseModel):
-                return ""
-            return f" (default: {_show(value)})"
-        return " (required)"
-    return f" (default: {_show(field.default)})"
-
-
-def _show(value: Any) -> str:
-    return str(value) if isinstance(value, Path) else repr(value)
-
-
-def help_lines(model: type[BaseModel], prefix: str = "", condition: str = "", hide: tuple[str, ...] = ()) -> list[str]:
-    """One line per key: `--dotted.key TYPE  description (default)`, sections recursed.
-
-    `hide` names keys left out one level down (the shared keys `rl` hands to its components).
-    """
-    lines: list[str] = []
-    for name, field in model.model_fields.items():
-        if name in hide:
-            continue
-        key = f"{prefix}{name}"
-        models = _model_types(field.annotation)
-        desc = (field.description or "").strip().splitlines()
-        desc_text = desc[0] if desc else ""
-        is_list = typing.get_origin(_union_members(field.annotation)[0]) in (list, tuple)
-        if models and not is_list:
-            if len(models) == 1:
-                lines.append(f"[{key}] {desc_text}")
-                lines += help_lines(models[0], f"{key}.", condition, hide if not prefix else ())
-            else:
-                tags = ",".join(t for m in models if (t := _tag_of(m)))
-                lines.append(f"--{key}.type {{{tags}}}  {desc_text}")
-                for m in models:
-                    tag = _tag_of(m)
-                    sub = [ln for ln in help_lines(m, f"{key}.", f"{key}.type={tag}") if not ln.startswith(f"--{key}.type ")]
-                    lines += sub
-            continue
-        cond = f" [{condition}]" if condition else ""
-        type_text = f"list of [{'|'.join(m.__name__ for m in models)}] tables" if models else _type_name(field.annotation)
-        lines.append(f"--{key} {type_text}{cond}  {desc_text}{_default_text(field)}")
-    return lines
-
-
 def render_help(config_cls: type[EntrypointConfig]) -> str:
     doc = (config_cls.__doc__ or "").strip().splitlines()
     head = [
@@ -250,10 +154,16 @@ def render_help(config_cls: type[EntrypointConfig]) -> str:
         "Booleans: --flag / --no-flag. Keys accept '-' or '_'.",
         "",
     ]
-    lines = help_lines(config_cls, hide=config_cls.help_hidden)
+    lines = []
+    for item in describe_config(config_cls):
+        if item.is_section:
+            lines.append(f"[{item.key}] {item.description}")
+            continue
+        cond = f" [{item.condition}]" if item.condition else ""
+        default = f" (default: {item.default})" if item.default else ""
+        lines.append(f"--{item.key} {item.type}{cond}  {item.description}{default}")
     if config_cls.help_hidden:
-        shared = ", ".join(config_cls.help_hidden)
-        lines.append(f"(components take the shared keys from the top level: {shared})")
+        lines.append(f"(components take the shared keys from the top level: {', '.join(config_cls.help_hidden)})")
     return "\n".join(head + lines)
 
 

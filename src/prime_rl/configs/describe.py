@@ -1,0 +1,115 @@
+"""Walk a config model into one row per key: the source of `--help` and docs/configs.md."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    key: str  # dotted, as written on the command line without the leading --
+    type: str
+    default: str  # rendered; "" for sections, "(required)" when there is none
+    description: str
+    condition: str = ""  # e.g. "loss.type=sapo" for a field of one union variant
+    is_section: bool = False
+
+
+def union_members(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return union_members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) for m in union_members(a)]
+    return [annotation]
+
+
+def model_types(annotation: Any) -> list[type[BaseModel]]:
+    """The BaseModel classes a field may hold (several for a discriminated union)."""
+    found = []
+    for member in union_members(annotation):
+        origin = typing.get_origin(member)
+        if origin in (list, tuple) and typing.get_args(member):
+            found += model_types(typing.get_args(member)[0])
+        elif isinstance(member, type) and issubclass(member, BaseModel):
+            found.append(member)
+    return found
+
+
+def tag_of(model: type[BaseModel]) -> str | None:
+    """The `type` literal of a discriminated-union variant."""
+    field = model.model_fields.get("type")
+    if field is not None and typing.get_origin(field.annotation) is Literal:
+        return typing.get_args(field.annotation)[0]
+    return None
+
+
+def _type_name(annotation: Any) -> str:
+    names = []
+    for m in union_members(annotation):
+        if m is type(None):
+            names.append("none")
+        elif typing.get_origin(m) is Literal:
+            names.append("{" + ",".join(str(a) for a in typing.get_args(m)) + "}")
+        elif typing.get_origin(m) in (list, tuple, dict):
+            names.append(typing.get_origin(m).__name__)
+        elif isinstance(m, type):
+            names.append(m.__name__.lower() if m.__module__ == "builtins" else m.__name__)
+        else:
+            names.append(str(m))
+    return "|".join(names)
+
+
+def _show(value: Any) -> str:
+    return str(value) if isinstance(value, Path) else repr(value)
+
+
+def _default_text(field: Any) -> str:
+    if field.default is not PydanticUndefined:
+        return _show(field.default)
+    if field.default_factory is None:
+        return "(required)"
+    value = field.default_factory()
+    return "" if isinstance(value, BaseModel) else _show(value)
+
+
+def describe(model: type[BaseModel], prefix: str = "", condition: str = "", hide=(), hide_below=()) -> list[KeyDoc]:
+    """Every key of `model`, sections recursed, union variants listed with their condition.
+
+    `hide` names keys left out at this level, `hide_below` keys left out one level down
+    (the shared keys `rl` hands to its components).
+    """
+    rows: list[KeyDoc] = []
+    for name, field in model.model_fields.items():
+        if name in hide:
+            continue
+        key = f"{prefix}{name}"
+        lines = (field.description or "").strip().splitlines()
+        description = lines[0] if lines else ""
+        models = model_types(field.annotation)
+        is_list = typing.get_origin(union_members(field.annotation)[0]) in (list, tuple)
+        if models and not is_list and len(models) == 1:
+            rows.append(KeyDoc(key, "section", "", description, condition, is_section=True))
+            rows += describe(models[0], f"{key}.", condition, hide=hide_below)
+        elif models and not is_list:
+            tags = ",".join(t for m in models if (t := tag_of(m)))
+            rows.append(KeyDoc(f"{key}.type", f"{{{tags}}}", "", description, condition))
+            for variant in models:
+                variant_rows = describe(variant, f"{key}.", f"{key}.type={tag_of(variant)}")
+                rows += [row for row in variant_rows if row.key != f"{key}.type"]
+        else:
+            type_text = f"list of {'|'.join(m.__name__ for m in models)} tables" if models else _type_name(field.annotation)
+            rows.append(KeyDoc(key, type_text, _default_text(field), description, condition))
+    return rows
+
+
+def describe_config(config_cls: type[BaseModel]) -> list[KeyDoc]:
+    """The keys of an entrypoint config, leaving out shared keys inside its components."""
+    return describe(config_cls, hide_below=getattr(config_cls, "help_hidden", ()))

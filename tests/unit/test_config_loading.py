@@ -1,0 +1,159 @@
+"""Config precedence, CLI parsing, --help, --dry-run and one-line errors."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from prime_rl.configs.cli import build_config, parse_args, parse_config, render_help
+from prime_rl.configs.rl import RLConfig
+from prime_rl.trainer.config import TrainerConfig
+from prime_rl.utils.errors import ConfigError
+
+
+@pytest.fixture
+def two_tomls(tmp_path):
+    a = tmp_path / "a.toml"
+    a.write_text('max_steps = 5\nseq_len = 256\n[trainer.optim]\nlr = 1e-3\nweight_decay = 0.5\n')
+    b = tmp_path / "b.toml"
+    b.write_text("[trainer.optim]\nlr = 2e-3\n")
+    return a, b
+
+
+def build(argv):
+    return build_config(RLConfig, argv)[0]
+
+
+def test_defaults_apply_without_files():
+    config = build([])
+    assert config.max_steps == RLConfig.model_fields["max_steps"].default
+    assert config.trainer.optim.lr == 3e-4
+
+
+def test_later_toml_wins_and_tables_merge(two_tomls):
+    a, b = two_tomls
+    config = build(["@", str(a), "@", str(b)])
+    assert config.trainer.optim.lr == 2e-3  # b overrides a
+    assert config.trainer.optim.weight_decay == 0.5  # a's other keys survive
+    assert config.max_steps == 5
+
+
+def test_attached_at_form(two_tomls):
+    a, _ = two_tomls
+    assert build([f"@{a}"]).max_steps == 5
+
+
+def test_env_beats_toml(two_tomls, monkeypatch):
+    a, b = two_tomls
+    monkeypatch.setenv("PRIME_TRAINER__OPTIM__LR", "5e-4")
+    monkeypatch.setenv("PRIME_MAX_STEPS", "9")
+    config = build(["@", str(a), "@", str(b)])
+    assert config.trainer.optim.lr == 5e-4
+    assert config.max_steps == 9
+    assert config.trainer.optim.weight_decay == 0.5
+
+
+def test_cli_beats_env(two_tomls, monkeypatch):
+    a, b = two_tomls
+    monkeypatch.setenv("PRIME_MAX_STEPS", "9")
+    monkeypatch.setenv("PRIME_TRAINER__OPTIM__LR", "5e-4")
+    config = build(["@", str(a), "@", str(b), "--max-steps", "7", "--trainer.optim.lr=1e-5"])
+    assert config.max_steps == 7
+    assert config.trainer.optim.lr == 1e-5
+
+
+def test_shared_keys_reach_every_component(two_tomls):
+    a, _ = two_tomls
+    config = build(["@", str(a), "--model.name", "/models/x", "--seed", "3"])
+    for sub in (config.trainer, config.orchestrator):
+        assert sub.max_steps == 5 and sub.seq_len == 256 and sub.seed == 3
+        assert sub.model.name == "/models/x"
+    assert config.inference.model.name == "/models/x"
+    assert config.inference.seq_len == 256
+
+
+def test_contradicting_shared_key_is_an_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("max_steps = 5\n[trainer]\nmax_steps = 6\n")
+    with pytest.raises(ConfigError, match=r"trainer\.max_steps.*contradicts"):
+        build(["@", str(bad)])
+
+
+def test_agreeing_shared_key_is_fine(tmp_path):
+    ok = tmp_path / "ok.toml"
+    ok.write_text("max_steps = 5\n[trainer]\nmax_steps = 5\n")
+    assert build(["@", str(ok)]).trainer.max_steps == 5
+
+
+def test_boolean_flags():
+    assert build(["--trainer.runtime.compile"]).trainer.runtime.compile is True
+    assert build(["--trainer.runtime.compile", "--trainer.runtime.no-compile"]).trainer.runtime.compile is False
+
+
+def test_value_parsing():
+    args = parse_args(["--a", "7", "--b", "1e-5", "--c", "sapo", "--d", "[1, 2]", "--e", "true", "--f", "-3"])
+    assert args.overrides == {"a": 7, "b": 1e-5, "c": "sapo", "d": [1, 2], "e": True, "f": -3}
+
+
+def test_dry_run_prints_resolved_toml(two_tomls, capsys):
+    a, b = two_tomls
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(RLConfig, ["@", str(a), "@", str(b), "--max-steps", "7", "--dry-run"])
+    assert exit_info.value.code == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["max_steps"] == 7
+    assert printed["trainer"]["optim"]["lr"] == 2e-3
+    assert printed["trainer"]["max_steps"] == 7
+
+
+def test_dry_run_output_loads_back(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(RLConfig, ["--max-steps", "4", "--dry-run"])
+    resolved = tmp_path / "resolved.toml"
+    resolved.write_text(capsys.readouterr().out)
+    assert build(["@", str(resolved)]) == build(["--max-steps", "4"])
+
+
+def test_help_lists_nested_keys_with_descriptions():
+    text = render_help(RLConfig)
+    assert "--loss.type" in text
+    lr_line = next(line for line in text.splitlines() if line.startswith("--trainer.optim.lr "))
+    assert "learning rate" in lr_line and "default" in lr_line
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("max_stepz = 3\n", "unknown config key 'max_stepz'"),
+        ("[trainer.optim]\nlrr = 1.0\n", "unknown config key 'trainer.optim.lrr'"),
+        ("max_steps = 'many'\n", "invalid value for 'max_steps'"),
+        ('[trainer.scheduler]\ntype = "exponential"\n', "'constant', 'linear' or 'cosine'"),
+        ("[trainer.optim]\nlr = -1.0\n", "invalid value for 'trainer.optim.lr': Input should be greater than 0"),
+        ("max_steps = = 3\n", "is not valid TOML"),
+        ('[loss]\ntype = "nope"\n', "'loss'"),
+    ],
+)
+def test_bad_config_errors_name_the_problem(tmp_path, capsys, content, expected):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(content)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(RLConfig, ["@", str(bad)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert expected in err
+
+
+def test_missing_file_is_a_clean_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(TrainerConfig, ["@", str(tmp_path / "nope.toml")])
+    assert exit_info.value.code == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_unknown_cli_key_lists_allowed_keys(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(RLConfig, ["--trainer.optim.lrr", "1"])
+    err = capsys.readouterr().err
+    assert "unknown config key 'trainer.optim.lrr'" in err and "lr" in err

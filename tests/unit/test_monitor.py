@@ -1,0 +1,59 @@
+"""Monitor: JSONL always, W&B offline files with the logged keys, W&B failure tolerated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from prime_rl.configs.shared import WandbConfig
+from prime_rl.monitor import Monitor
+from prime_rl.monitor.sinks import resolve_wandb_mode
+
+
+def test_jsonl_lines_and_run_config(tmp_path):
+    monitor = Monitor(tmp_path, "trainer", WandbConfig(mode="disabled"), run_config={"max_steps": 2})
+    monitor.log({"loss/importance_ratio": torch.tensor(1.5), "optim/lr": 1e-3}, step=1)
+    monitor.log({"loss/importance_ratio": 0.5, "optim/lr": 2e-3}, step=2)
+    monitor.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert lines[0]["source"] == "trainer" and lines[0]["loss/importance_ratio"] == 1.5
+    assert (tmp_path / "configs" / "trainer.toml").read_text().strip() == "max_steps = 2"
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_metric_keys(tmp_path):
+    monitor = Monitor(tmp_path, "trainer", WandbConfig(mode="offline", project="test"), run_config={"a": 1})
+    keys = ("loss/importance_ratio", "loss/soft_gate_weight")
+    for step in range(3):
+        monitor.log({key: 1.0 + step for key in keys}, step=step)
+    monitor.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    # W&B's own offline record file (protobuf records): the history keys are stored verbatim.
+    data = runs[0].read_bytes()
+    for key in keys:
+        assert key.encode() in data
+
+
+def test_wandb_failure_does_not_stop_logging(tmp_path, monkeypatch, caplog):
+    import wandb
+
+    def broken_init(**kwargs):
+        raise RuntimeError("no W&B today")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    monitor = Monitor(tmp_path, "orchestrator", WandbConfig(mode="offline"))
+    monitor.log({"reward/mean": 0.5}, step=0)
+    assert (tmp_path / "metrics.jsonl").exists()
+    assert monitor.wandb.run is None
+
+
+def test_wandb_mode_default_follows_api_key(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert resolve_wandb_mode(WandbConfig()) == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x")
+    assert resolve_wandb_mode(WandbConfig()) == "online"
+    assert resolve_wandb_mode(WandbConfig(mode="disabled")) == "disabled"
