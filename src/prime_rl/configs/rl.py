@@ -31,6 +31,8 @@ class DeploymentConfig(BaseConfig):
     """CUDA devices for the inference server (empty: GPU 0 if there is one, else CPU)."""
     trainer_gpu_ids: list[int] = Field(default_factory=list)
     """CUDA devices for the trainer (empty: the next GPU after inference's, else CPU)."""
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 900.0
+    """How long to wait for the inference server's /health before giving up."""
 
 
 def _hand_down(shared: BaseModel, sub: BaseModel, names: Iterable[str], where: str) -> None:
@@ -64,6 +66,8 @@ class RLConfig(RunConfig):
     """Checkpointing and resume (trainer and orchestrator)."""
     deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
     """Device placement."""
+    overwrite: bool = False
+    """Delete a previous run's outputs in output_dir first (otherwise an existing run is an error unless resuming)."""
 
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     """The inference server."""

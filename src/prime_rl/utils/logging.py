@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
+# Set by `rl` for its children: it already sends their stderr to logs/<name>.log.
+LOG_FILE_BY_PARENT_ENV = "PRIMERL_LOG_FILE_BY_PARENT"
 
 
 def setup_logging(name: str, output_dir: Path | None = None, level: str = "INFO") -> logging.Logger:
@@ -25,7 +28,7 @@ def setup_logging(name: str, output_dir: Path | None = None, level: str = "INFO"
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(formatter)
     root.addHandler(stream)
-    if output_dir is not None:
+    if output_dir is not None and not os.environ.get(LOG_FILE_BY_PARENT_ENV):
         log_file = Path(output_dir) / "logs" / f"{name}.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(log_file)

@@ -1,0 +1,96 @@
+"""Child processes of `rl`: start, watch, and stop them without leaving orphans.
+
+Each child runs in its own process group (so torchrun's workers and vLLM's engine stop
+with it) and, on Linux, is told by the kernel to stop if the launcher itself dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Ask Linux to SIGTERM this child when the launcher dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    log_path: Path
+    env: dict[str, str]
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+
+    def poll(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def last_lines(self, count: int = 20) -> list[str]:
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return [line.rstrip("\n") for line in deque(log, maxlen=count)]
+        except FileNotFoundError:
+            return []
+
+
+def stop_all(children: list[Child], grace_s: float = 10.0) -> None:
+    """SIGTERM every child's process group, wait up to `grace_s`, then SIGKILL what is left.
+
+    The groups are killed even after the group leader exited, so grandchildren
+    (torchrun workers, engine processes) never outlive the run.
+    """
+    for child in children:
+        child.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        if child.process is None:
+            continue
+        try:
+            child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for child in children:
+        child.signal_group(signal.SIGKILL)
+        if child.process is not None:
+            try:
+                child.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass

@@ -1,0 +1,98 @@
+"""Read the run's metrics.jsonl: live progress for `rl`, its summary, and metrics.png."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prime_rl.utils.fs import atomic_path
+
+PLOTTED = (
+    ("reward/mean", "orchestrator", "reward"),
+    ("loss/importance_ratio", "trainer", "importance ratio"),
+    ("loss/soft_gate_weight", "trainer", "soft gate weight"),
+    ("async/policy_lag_mean", "orchestrator", "policy lag (steps)"),
+)
+
+
+@dataclass
+class MetricsTail:
+    """Follows metrics.jsonl as it grows; keeps every (source, key) series by step."""
+
+    path: Path
+    offset: int = 0
+    series: dict[tuple[str, str], dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        for raw in complete.splitlines():
+            try:
+                record = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            source, step = record.pop("source", "?"), record.pop("step", None)
+            record.pop("time", None)
+            if step is None:
+                continue
+            for key, value in record.items():
+                if isinstance(value, int | float):
+                    self.series[(source, key)][int(step)] = float(value)
+
+    def get(self, source: str, key: str) -> dict[int, float]:
+        return self.series.get((source, key), {})
+
+    def last(self, source: str, key: str) -> tuple[int, float] | None:
+        values = self.get(source, key)
+        if not values:
+            return None
+        step = max(values)
+        return step, values[step]
+
+
+def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[str]:
+    rewards = tail.get("orchestrator", "reward/mean")
+    trained = tail.get("trainer", "loss/importance_ratio") or tail.get("trainer", "optim/lr")
+    lines = [f"steps trained: {len(trained)}"]
+    if rewards:
+        steps = sorted(rewards)
+        last5 = [rewards[s] for s in steps[-5:]]
+        lines.append(
+            f"reward: {rewards[steps[0]]:.3f} (step {steps[0]}) -> {rewards[steps[-1]]:.3f} (step {steps[-1]}); "
+            f"mean of last {len(last5)}: {sum(last5) / len(last5):.3f}"
+        )
+    lines.append(f"wall time: {wall_s:.0f}s")
+    lines.append(f"outputs: {output_dir} (metrics.jsonl, metrics.png, weights/, checkpoints/, logs/)")
+    return lines
+
+
+def write_plot(tail: MetricsTail, path: Path) -> Path | None:
+    """Plot reward, importance ratio, soft gate weight and policy lag over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(title, tail.get(source, key)) for key, source, title in PLOTTED]
+    if not any(values for _, values in panels):
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels)), sharex=True)
+    for ax, (title, values) in zip(axes, panels, strict=True):
+        steps = sorted(values)
+        ax.plot(steps, [values[s] for s in steps], marker=".")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("step")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,90 @@
+"""Launcher pieces: output-dir rules, metrics tailing, plot, and child process cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from prime_rl.configs.cli import build_config
+from prime_rl.configs.rl import RLConfig
+from prime_rl.launch.processes import Child, stop_all
+from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
+from prime_rl.rl import prepare_output_dir
+from prime_rl.utils.errors import ConfigError
+
+
+def rl_config(tmp_path, *extra):
+    return build_config(RLConfig, ["--output-dir", str(tmp_path / "run"), *extra])[0]
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path):
+    config = rl_config(tmp_path)
+    (tmp_path / "run" / "weights").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        prepare_output_dir(config)
+    prepare_output_dir(rl_config(tmp_path, "--ckpt.resume-step", "latest"))
+    assert (tmp_path / "run" / "weights").exists()
+    prepare_output_dir(rl_config(tmp_path, "--overwrite"))
+    assert not (tmp_path / "run" / "weights").exists()
+
+
+def test_metrics_tail_reads_only_complete_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    tail.poll()  # no file yet
+    line = json.dumps({"step": 0, "source": "orchestrator", "time": 1.0, "reward/mean": 0.25})
+    path.write_text(line + "\n" + '{"step": 1, "source": "orch')
+    tail.poll()
+    assert tail.get("orchestrator", "reward/mean") == {0: 0.25}
+    with open(path, "a") as f:
+        f.write('estrator", "reward/mean": 0.5}\n')
+    tail.poll()
+    assert tail.last("orchestrator", "reward/mean") == (1, 0.5)
+
+
+def test_plot_and_summary(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        for step in range(4):
+            f.write(json.dumps({"step": step, "source": "orchestrator", "reward/mean": 0.1 * step}) + "\n")
+            f.write(json.dumps({"step": step, "source": "trainer", "loss/importance_ratio": 1.0,
+                                "loss/soft_gate_weight": 0.9}) + "\n")
+    tail = MetricsTail(path)
+    tail.poll()
+    assert write_plot(tail, tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    text = "\n".join(summary_lines(tail, 12.0, tmp_path))
+    assert "steps trained: 4" in text and "0.000 (step 0) -> 0.300 (step 3)" in text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead for our purposes
+        return f.read().split()[2] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups checked via /proc")
+def test_stop_all_kills_grandchildren(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(600)\n"
+    )
+    child = Child("worker", [sys.executable, "-c", script], tmp_path / "worker.log", dict(os.environ))
+    child.start()
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    stop_all([child], grace_s=2)
+    time.sleep(0.2)
+    assert not _alive(child.process.pid)
+    assert not _alive(grandchild)
