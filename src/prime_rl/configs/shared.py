@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
+from prime_rl.utils.embedded_models import resolve_model_path
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -20,6 +21,11 @@ class ModelConfig(BaseConfig):
 
     trust_remote_code: bool = False
     """Allow model code shipped with the checkpoint (transformers' trust_remote_code)."""
+
+    @property
+    def path(self) -> str:
+        """What to hand to `from_pretrained`: an embedded model's directory, else `name` unchanged."""
+        return resolve_model_path(self.name)
 
 
 class WandbConfig(BaseConfig):

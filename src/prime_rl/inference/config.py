@@ -6,8 +6,38 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from prime_rl.configs.base import EntrypointConfig
+from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.shared import ModelConfig
+
+
+class BuiltinConfig(BaseConfig):
+    """The embedded torch + transformers engine."""
+
+    device: str = "auto"
+    """Torch device ('auto': cuda:0 when a GPU is present, else cpu)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and compute dtype (float32 makes logprobs match the trainer's on CPU)."""
+    max_batch_size: Annotated[int, Field(gt=0)] = 64
+    """Most sequences decoded together; further requests wait for a free slot."""
+
+
+class VLLMConfig(BaseConfig):
+    """vLLM's own engine options, passed through to its OpenAI server."""
+
+    tensor_parallel_size: Annotated[int, Field(gt=0)] = 1
+    """Tensor parallel size (vLLM --tensor-parallel-size)."""
+    data_parallel_size: Annotated[int, Field(gt=0)] = 1
+    """Data parallel size (vLLM --data-parallel-size)."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """Fraction of GPU memory vLLM may use (vLLM --gpu-memory-utilization)."""
+    max_model_len: Annotated[int, Field(gt=0)] | None = None
+    """Context length (vLLM --max-model-len; default: seq_len)."""
+    enforce_eager: bool = False
+    """Skip CUDA graphs / compilation (vLLM --enforce-eager): faster start, slower decode."""
+    dtype: str = "auto"
+    """Model dtype (vLLM --dtype)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further vLLM server arguments, verbatim (e.g. ["--max-num-seqs", "256"])."""
 
 
 class InferenceConfig(EntrypointConfig):
@@ -27,3 +57,9 @@ class InferenceConfig(EntrypointConfig):
     """Address to bind."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     """Port to bind (0: any free port)."""
+    update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Longest a weight update waits for in-flight requests to finish (and requests wait for an update)."""
+    builtin: BuiltinConfig = Field(default_factory=BuiltinConfig)
+    """Options of the builtin backend."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """Options of the vllm backend."""

@@ -1,11 +1,76 @@
-"""`inference` entrypoint (not implemented yet: it validates its config and says so)."""
+"""`inference` entrypoint: an OpenAI-compatible server with live weight updates.
+
+    inference --model.name <dir> --backend builtin --port 8000 [@ file.toml]
+
+`builtin` serves with the embedded torch engine in this process; `vllm` hands this
+process over to vLLM's OpenAI server (with prime-rl's routes); `auto` picks vllm when it
+is importable and a GPU is present. See docs/inference.md.
+"""
 
 from __future__ import annotations
 
-from prime_rl.configs.cli import fail, parse_config
+import socket
+
+from prime_rl.configs.cli import run_main
 from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.vllm.launch import exec_vllm, vllm_available
+from prime_rl.utils.errors import UserError
+from prime_rl.utils.logging import setup_logging
+
+
+def resolve_backend(config: InferenceConfig) -> str:
+    if config.backend != "auto":
+        return config.backend
+    import torch
+
+    return "vllm" if vllm_available() and torch.cuda.is_available() else "builtin"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket here, so port 0 resolves to a known port and a busy port is a clear error."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def serve_builtin(config: InferenceConfig) -> None:
+    import uvicorn
+
+    from prime_rl.inference.builtin.app import create_app
+    from prime_rl.inference.builtin.engine import Engine
+    from prime_rl.inference.gate import WeightGate
+
+    log = setup_logging("inference")
+    sock = bind(config.host, config.port)  # before loading: a busy port fails fast
+    b = config.builtin
+    engine = Engine(config.model.name, context_len=config.seq_len, seed=config.seed, device=b.device, dtype=b.dtype,
+                    max_batch_size=b.max_batch_size, trust_remote_code=config.model.trust_remote_code)
+    app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s))
+    host, port = sock.getsockname()[:2]
+    log.info(f"builtin backend: {config.model.name} on {engine.device}, context {engine.context_len}; "
+             f"serving on http://{host}:{port}")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.close()
+
+
+def serve(config: InferenceConfig) -> None:
+    if resolve_backend(config) == "vllm":
+        exec_vllm(config)
+    else:
+        serve_builtin(config)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parse_config(InferenceConfig, argv)
-    fail("the inference is not implemented yet (use --dry-run to check a config)", 3)
+    run_main(InferenceConfig, serve, argv)
+
+
+if __name__ == "__main__":  # `python -m prime_rl.inference.server`, for venvs without the console script
+    main()

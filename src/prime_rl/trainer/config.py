@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -48,6 +48,19 @@ class TrainerModelOptions(BaseConfig):
     """Recompute each decoder layer's activations in backward to save memory."""
     compile: bool = False
     """torch.compile each decoder layer."""
+    deterministic: bool = False
+    """Use deterministic torch kernels (slower; for bit-exact resume tests)."""
+
+
+class ModelInitConfig(BaseConfig):
+    """Build the model from an architecture with random weights instead of loading model.name's weights."""
+
+    config: str | None = None
+    """A Hugging Face config (directory with config.json, or the JSON file); none: a tiny Qwen3 sized for the tokenizer."""
+    tokenizer: str = "char"
+    """Tokenizer directory, or 'char' for the built-in character-level tokenizer with a ChatML template."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Config fields to override, e.g. {hidden_size = 128, num_hidden_layers = 4}."""
 
 
 class TrainerConfig(RunConfig):
@@ -65,3 +78,9 @@ class TrainerConfig(RunConfig):
     """Checkpointing and resume."""
     runtime: TrainerModelOptions = Field(default_factory=TrainerModelOptions)
     """dtype, attention kernel, activation checkpointing, compile."""
+    keep_weights: Annotated[int, Field(ge=1)] | None = 3
+    """Keep only the newest this many weights/step_N directories (none: keep all)."""
+    update_epochs: Annotated[int, Field(ge=1)] = 1
+    """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
+    batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
+    """How long to wait for a rollout batch rollouts/step_N/ before giving up."""

@@ -1,11 +1,120 @@
-"""`trainer` entrypoint (not implemented yet: it validates its config and says so)."""
+"""`trainer` entrypoint: the RL training loop.
+
+    trainer @ trainer.toml [--key value ...]                                   # one process
+    torchrun --nproc-per-node K -m prime_rl.trainer.rl.train @ trainer.toml    # K ranks
+
+Step N (0-based) reads `rollouts/step_N/rank_R.pt`, computes trainer logprobs at the
+batch's sampling temperature, the configured loss over all micro-batches with a global
+`LossScale`, takes `update_epochs` optimizer steps on it (the loss metrics logged are
+the last pass's, so with several passes they show the policy's drift from the sampler),
+and writes `weights/step_{N+1}/`.
+"""
 
 from __future__ import annotations
 
-from prime_rl.configs.cli import fail, parse_config
+import time
+
+import torch
+
+from prime_rl.configs.cli import run_main
 from prime_rl.trainer.config import TrainerConfig
+from prime_rl.trainer.data import wait_for_batch
+from prime_rl.trainer.dist import all_reduce_sum, destroy
+from prime_rl.trainer.model import compute_logprobs, load_model, prepare_model
+from prime_rl.trainer.rl.loss import LossFn, LossInputs, LossScale, build_loss, reduce_metrics
+from prime_rl.trainer.session import TrainSession
+from prime_rl.utils.batch_format import MicroBatch, RankBatch
+
+
+def step_scale(batch: RankBatch, device: torch.device) -> LossScale:
+    """The step's denominators, counted over every micro-batch of every rank."""
+    tokens = sum(mb.num_loss_tokens for mb in batch.micro_batches)
+    samples = sum(mb.num_samples for mb in batch.micro_batches)
+    tokens, samples, micro = all_reduce_sum([tokens, samples, len(batch.micro_batches)], device)
+    return LossScale(total_loss_tokens=int(tokens), num_samples=int(samples), max_tokens=batch.max_tokens,
+                     num_micro_batches=int(micro))
+
+
+def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
+                ref_logprobs: torch.Tensor | None) -> LossInputs:
+    """The loss library's view of one micro-batch (batch tensors moved to the logprobs' device)."""
+    def to(t):
+        return t.to(logprobs.device) if t is not None else None
+
+    return LossInputs(
+        trainer_logprobs=logprobs,
+        inference_logprobs=to(mb.inference_logprobs),
+        advantages=to(mb.advantages),
+        loss_mask=to(mb.loss_mask),
+        sample_lens=to(mb.sample_lens),
+        ref_logprobs=ref_logprobs if ref_logprobs is not None else to(mb.ref_logprobs),
+        teacher_logprobs=to(mb.teacher_logprobs),
+        entropies=entropies,
+    )
+
+
+def train_on_batch(session: TrainSession, loss_fn: LossFn, batch: RankBatch, scale: LossScale,
+                   ref_model: torch.nn.Module | None = None) -> tuple[float, dict[str, float]]:
+    """Forward/backward every micro-batch of this rank; returns the global step loss and loss metrics.
+
+    Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
+    """
+    loss_sum = 0.0
+    pairs: dict[str, torch.Tensor] = {}
+    for mb in batch.micro_batches:
+        ref = None
+        if ref_model is not None and mb.ref_logprobs is None:
+            with torch.no_grad():
+                ref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, batch.temperature)[0]
+        lp, ent = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, batch.temperature)
+        out = loss_fn(loss_inputs(mb, lp, ent, ref), scale)
+        session.backward(out.loss)
+        loss_sum += float(out.loss.detach())
+        for key, pair in out.metrics.items():
+            pair = pair.detach().to("cpu", torch.float64)
+            pairs[key] = pairs[key] + pair if key in pairs else pair
+    keys = sorted(pairs)  # the same keys on every rank: they depend on the config, not the data
+    reduced = all_reduce_sum([loss_sum, *[x for k in keys for x in pairs[k].tolist()]], session.dist.device)
+    total = reduced[0]
+    metrics = reduce_metrics([{k: torch.tensor(reduced[1 + 2 * i: 3 + 2 * i]) for i, k in enumerate(keys)}])
+    metrics["loss/total"] = total
+    return total, metrics
+
+
+def train(config: TrainerConfig) -> None:
+    session = TrainSession(config, "trainer")
+    loss_fn = build_loss(config.loss)
+    ref_model = None
+    if config.loss.kl_coef > 0:
+        # Frozen copy of the initial policy (model.name), also when resuming from a checkpoint.
+        device = session.dist.device
+        ref_model = prepare_model(load_model(config.model, config.runtime, device), config.runtime, device,
+                                  trainable=False)
+    try:
+        for step in range(session.start_step, config.max_steps):
+            batch, waited = wait_for_batch(config.output_dir, step, session.dist.rank, config.batch_timeout_s)
+            start = time.perf_counter()
+            scale = step_scale(batch, session.dist.device)
+            lr = session.lr
+            for _ in range(config.update_epochs):
+                total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model)
+                grad_norm = session.optimizer_step(step, total_loss)
+            session.scheduler.step()
+            step_time = time.perf_counter() - start
+            tokens = sum(mb.num_tokens for mb in batch.micro_batches) * config.update_epochs
+            lens = torch.cat([mb.sample_lens for mb in batch.micro_batches]).float()
+            metrics.update({"optim/lr": lr, "optim/grad_norm": grad_norm, "async/wait_for_batch_s": waited})
+            metrics.update(session.perf_metrics(tokens, step_time, float(lens.mean())))
+            session.log_metrics(metrics, step)
+            session.after_step(step + 1, write=True)
+    finally:
+        session.close()
+        destroy()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parse_config(TrainerConfig, argv)
-    fail("the trainer is not implemented yet (use --dry-run to check a config)", 3)
+    run_main(TrainerConfig, train, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The builtin backend's HTTP API (FastAPI), in the response shapes of vLLM's OpenAI server.
+
+Every completion response has top-level `prompt_token_ids` and `weight_step`; every
+choice has `token_ids`, `finish_reason` and logprobs (chat: `logprobs.content[]`,
+completions: `logprobs.token_logprobs`). Bad requests get a 4xx `{"error": {...}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from prime_rl.inference.builtin.engine import Completion, Engine, SamplingParams
+from prime_rl.inference.gate import GateTimeout, WeightGate
+from prime_rl.inference.protocol import ChatRequest, CompletionRequest, SamplingFields, UpdateWeightsRequest
+from prime_rl.inference.weights import check_weight_dir
+from prime_rl.utils.errors import UserError
+from prime_rl.utils.logging import get_logger
+
+log = get_logger("inference")
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    kind = "NotFoundError" if status == 404 else "BadRequestError" if status < 500 else "ServiceUnavailableError"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def _validation_message(exc: ValidationError | RequestValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    msg = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return f"invalid request: {where + ': ' if where else ''}{msg}"
+
+
+async def _parse(request: Request, model_cls):
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HTTPError(400, "malformed JSON body") from None
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the JSON body must be an object")
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as exc:
+        raise HTTPError(400, _validation_message(exc)) from None
+
+
+def create_app(engine: Engine, served_model: str, gate: WeightGate) -> FastAPI:
+    app = FastAPI(title="prime-rl builtin inference")
+    tokenizer = engine.tokenizer
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(_: Request, exc: HTTPError):
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_: Request, exc: RequestValidationError):
+        return _error(400, _validation_message(exc))
+
+    def check_model(body: SamplingFields) -> None:
+        if body.model is not None and body.model != served_model:
+            raise HTTPError(404, f"model '{body.model}' does not exist (this server serves '{served_model}')")
+
+    async def generate(prompt_ids: list[int], body: SamplingFields) -> tuple[list[Completion], int]:
+        try:
+            stops = body.stop_strings
+        except ValueError as exc:
+            raise HTTPError(400, str(exc)) from None
+        max_tokens = body.max_tokens if body.max_tokens is not None else engine.context_len - len(prompt_ids)
+        if max_tokens < 1:
+            raise HTTPError(400, f"the prompt ({len(prompt_ids)} tokens) fills the context length {engine.context_len}")
+        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.top_k, stops, body.seed)
+        try:
+            async with gate.request() as step:
+                future = engine.submit(prompt_ids, params, body.n)
+                return await asyncio.wrap_future(future), step
+        except UserError as exc:
+            raise HTTPError(400, str(exc)) from None
+        except GateTimeout as exc:
+            raise HTTPError(503, str(exc)) from None
+
+    def envelope(kind: str, prompt_ids: list[int], step: int, choices: list[dict], completions) -> dict:
+        completion_tokens = sum(len(c.token_ids) for c in completions)
+        return {
+            "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": served_model,
+            "choices": choices,
+            "prompt_token_ids": prompt_ids,
+            "weight_step": step,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+        }
+
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id])
+
+    @app.get("/health")
+    async def health():
+        if not engine.alive:
+            return _error(503, "the engine thread stopped")
+        return {"status": "ok", "weight_step": gate.step}
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": served_model, "object": "model", "owned_by": "prime-rl", "max_model_len": engine.context_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body: ChatRequest = await _parse(request, ChatRequest)
+        check_model(body)
+        messages = [m.model_dump() for m in body.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # a template error is the request's fault
+            raise HTTPError(400, f"cannot apply the chat template: {exc}") from None
+        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        completions, step = await generate(prompt_ids, body)
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "token_ids": c.token_ids,
+                "finish_reason": c.finish_reason,
+                "logprobs": {
+                    "content": [
+                        {"token": token_text(t), "logprob": lp, "bytes": list(token_text(t).encode()), "top_logprobs": []}
+                        for t, lp in zip(c.token_ids, c.logprobs, strict=True)
+                    ]
+                },
+            }
+            for i, c in enumerate(completions)
+        ]
+        return envelope("chat.completion", prompt_ids, step, choices, completions)
+
+    @app.post("/v1/completions")
+    async def complete(request: Request):
+        body: CompletionRequest = await _parse(request, CompletionRequest)
+        check_model(body)
+        if isinstance(body.prompt, str):
+            prompt_ids = tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
+        else:
+            prompt_ids = list(body.prompt)
+            if any(not 0 <= t < len(tokenizer) for t in prompt_ids):
+                raise HTTPError(400, f"prompt token ids must be in [0, {len(tokenizer)})")
+        completions, step = await generate(prompt_ids, body)
+        choices = []
+        for i, c in enumerate(completions):
+            tokens = [token_text(t) for t in c.token_ids]
+            offsets = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
+            choices.append({
+                "index": i,
+                "text": c.text,
+                "token_ids": c.token_ids,
+                "prompt_token_ids": prompt_ids,  # where vLLM puts it for completions
+                "finish_reason": c.finish_reason,
+                "logprobs": {"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets},
+            })
+        return envelope("text_completion", prompt_ids, step, choices, completions)
+
+    @app.post("/update_weights")
+    async def update_weights(request: Request):
+        body: UpdateWeightsRequest = await _parse(request, UpdateWeightsRequest)
+        try:
+            path, step = check_weight_dir(body.path, body.step)
+            start = time.monotonic()
+            async with gate.update(step):
+                await asyncio.to_thread(engine.load_weights, str(path))
+        except UserError as exc:
+            raise HTTPError(400, str(exc)) from None
+        except GateTimeout as exc:
+            raise HTTPError(503, str(exc)) from None
+        log.info(f"serving weights step {step} from {path} (update took {time.monotonic() - start:.2f}s)")
+        return {"weight_step": step}
+
+    @app.post("/reset")
+    async def reset():
+        await asyncio.to_thread(engine.reset)
+        return {"status": "ok"}
+
+    return app

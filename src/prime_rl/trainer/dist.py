@@ -1,0 +1,60 @@
+"""Process group set-up: one code path for one process and for `torchrun --nproc-per-node K`.
+
+Under torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) we join the group torchrun describes:
+NCCL when CUDA is available, gloo otherwise. A plain `trainer` / `sft` process creates a
+one-process gloo (or NCCL) group backed by an in-memory store, so FSDP2's `fully_shard`,
+DTensor gradient clipping and distributed checkpoints run exactly as with K ranks (no
+port is opened and nothing is special-cased for world size 1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Initialise (once) the default process group and pick this rank's device."""
+    use_cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, device_id=device if use_cuda else None)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few scalars over all ranks (float64, so token counts stay exact)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier() -> None:
+    dist.barrier()
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

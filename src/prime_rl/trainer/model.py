@@ -1,0 +1,177 @@
+"""The trainer's model: load (or randomly initialise) a Hugging Face causal LM, shard it
+with FSDP2, and compute per-token logprobs and entropies of packed rows.
+
+Packing: a row holds several samples end to end. With `sdpa`/`eager` attention the
+samples are isolated by a block-diagonal causal mask (bool [1, 1, T, T]); position ids
+alone do not isolate them on CPU (see DESIGN.md). With `flash_attention_2` the varlen
+kernel reads the sample boundaries from the restarting position ids, so no mask is built.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from prime_rl.configs.shared import ModelConfig
+from prime_rl.trainer.config import ModelInitConfig, TrainerModelOptions
+from prime_rl.utils.errors import UserError
+
+
+def resolve_dtype(options: TrainerModelOptions, device: torch.device) -> torch.dtype:
+    if options.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, options.dtype)
+
+
+def load_tokenizer(model: ModelConfig, init: ModelInitConfig | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of `model.name`, or of the random-init section (`'char'` = built-in)."""
+    source = init.tokenizer if init is not None else model.name
+    if source == "char":
+        from prime_rl.utils.char_tokenizer import build_char_tokenizer
+
+        return build_char_tokenizer()
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load tokenizer {source!r}: {exc}") from None
+
+
+def _init_config(init: ModelInitConfig, tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool) -> PretrainedConfig:
+    if init.config is None:
+        from prime_rl.utils.tiny_model import tiny_qwen3_config
+
+        config = tiny_qwen3_config(tokenizer)
+    else:
+        path = Path(init.config)
+        if path.is_file():
+            data = json.loads(path.read_text())
+            config = AutoConfig.for_model(data.pop("model_type"), **data)
+        else:
+            try:
+                config = AutoConfig.from_pretrained(init.config, trust_remote_code=trust_remote_code)
+            except (OSError, ValueError) as exc:
+                raise UserError(f"cannot load model config {init.config!r}: {exc}") from None
+    for key, value in init.overrides.items():
+        setattr(config, key, value)
+    if config.vocab_size < len(tokenizer):
+        raise UserError(f"model vocab_size {config.vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
+    return config
+
+
+def load_model(
+    model: ModelConfig,
+    options: TrainerModelOptions,
+    device: torch.device,
+    init: ModelInitConfig | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    seed: int = 0,
+) -> nn.Module:
+    """Load `model.name` (or build `init`'s architecture with random weights, seeded) on `device`.
+
+    Parameters are kept in `options.dtype` (float32 on CPU); on GPU FSDP's mixed precision
+    policy then computes in bfloat16 while the optimizer updates float32 master weights.
+    """
+    param_dtype = torch.float32 if device.type == "cuda" else resolve_dtype(options, device)
+    kwargs = dict(dtype=param_dtype, attn_implementation=options.attn_implementation)
+    if init is not None:
+        config = _init_config(init, tokenizer or load_tokenizer(model, init), model.trust_remote_code)
+        torch.manual_seed(seed)
+        with device:
+            net = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code, **kwargs)
+    else:
+        try:
+            net = AutoModelForCausalLM.from_pretrained(
+                model.name, trust_remote_code=model.trust_remote_code, device_map=str(device), **kwargs
+            )
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot load model {model.name!r}: {exc}") from None
+    net.config.use_cache = False
+    return net
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks (HF causal LMs keep them in `model.model.layers`)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise UserError(f"{type(model).__name__} has no model.layers; the trainer supports HF decoder-only LMs")
+    return list(layers)
+
+
+def prepare_model(model: nn.Module, options: TrainerModelOptions, device: torch.device, trainable: bool = True) -> nn.Module:
+    """Activation checkpointing, torch.compile, then FSDP2: `fully_shard` per decoder layer and at the root."""
+    layers = decoder_layers(model)
+    if trainable and options.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, layer in enumerate(layers):
+            model.model.layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        layers = list(model.model.layers)
+    if options.compile:
+        for layer in layers:
+            layer.compile()
+    mp = None
+    if device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=resolve_dtype(options, device), reduce_dtype=torch.float32)
+    kwargs = {"mp_policy": mp} if mp is not None else {}
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    if not trainable:
+        model.requires_grad_(False)
+        model.eval()
+    return model
+
+
+def packed_attention_mask(sample_lens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Block-diagonal causal mask, bool [1, 1, T, T]: token i sees token j iff same sample and j <= i."""
+    seg = torch.repeat_interleave(torch.arange(len(sample_lens), device=device), sample_lens.to(device))
+    T = seg.numel()
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return (causal & (seg[:, None] == seg[None, :]))[None, None]
+
+
+def forward_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                   sample_lens: torch.Tensor) -> torch.Tensor:
+    """Logits [T, V] of one packed row (float32)."""
+    device = input_ids.device
+    mask = None
+    if getattr(model.config, "_attn_implementation", None) != "flash_attention_2":
+        mask = packed_attention_mask(sample_lens, device)
+    out = model(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask, use_cache=False)
+    return out.logits[0].float()
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token logprobs and entropies of a packed row from its logits [T, V].
+
+    lp[t] = log_softmax(logits[t-1] / T)[input_ids[t]],  H[t] = -sum_v p_v log p_v of that same
+    distribution. Both are 0 where nothing predicts token t: t = 0 and every sample's first
+    token (position id 0), whose logits row belongs to the previous sample.
+    """
+    logp = torch.log_softmax(logits[:-1] / temperature, dim=-1)
+    lp = logp.gather(-1, input_ids[1:, None]).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    zero = logits.new_zeros(1)
+    lp, ent = torch.cat([zero, lp]), torch.cat([zero, ent])
+    starts = position_ids == 0
+    return lp.masked_fill(starts, 0.0), ent.masked_fill(starts, 0.0)
+
+
+def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                     sample_lens: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs [T], entropies [T]) of a packed row under `model` at sampling `temperature`.
+
+    See `token_logprobs` for the math. Tensors may live on any device; results are float32
+    on the model's device. Gradients flow unless called under `torch.no_grad()`.
+    """
+    device = next(model.parameters()).device
+    input_ids, position_ids = input_ids.to(device), position_ids.to(device)
+    logits = forward_logits(model, input_ids, position_ids, sample_lens)
+    return token_logprobs(logits, input_ids, position_ids, temperature)

@@ -1,0 +1,655 @@
+"""Every policy loss of prime-rl, written to be read next to its paper (docs/losses.md).
+
+Inputs
+------
+One packed micro-batch is flat over its T tokens (`LossInputs`): trainer logprobs `lp`
+(differentiable), inference logprobs `lq`, advantages `A`, a bool `loss_mask` (the *trained*
+tokens) and `sample_lens` (lengths of the packed samples, summing to T). Tokens outside the
+mask never reach the math: their log ratio is set to 0 and their advantage to 0 first, so
+garbage there (prompt tokens, padding) cannot produce NaN.
+
+Notation: `log r = lp - lq`, `r = exp(log r)`, `sg` = stop-gradient (`.detach()`),
+`T_i` = trained tokens of sample i, `N` = samples in the step, `L` = `max_tokens`.
+
+Normalization (how a variant's per-token losses `l_t` become the step loss)
+---------------------------------------------------------------------------
+- `token`:       sum_t l_t / (trained tokens of the whole step, all micro-batches and ranks)
+- `sequence`:    (1/N) sum_i (1/T_i) sum_{t in i} l_t
+- `token_local`: (1/M) sum_m [sum_{t in m} l_t / (trained tokens of micro-batch m)], M = micro-batches of the step
+- `constant`:    sum_t l_t / (N * L)
+
+`build_loss(config)(inputs, scale)` returns one micro-batch's contribution, already divided
+by the step's denominators in `LossScale`, so that the step loss is the plain SUM of the
+contributions of all micro-batches on all ranks (backward each one; gradients accumulate).
+
+Metrics
+-------
+Every metric of a micro-batch is a float64 tensor `[sum, count]`: the token-sum of the
+quantity over the micro-batch's trained tokens and the number of tokens summed (a few
+per-call scalars, e.g. `loss/gamma_base`, are `[value, 1]`). Sums of these pairs are exact
+across micro-batches and ranks: stack them, `all_reduce(SUM)`, divide (`reduce_metrics`
+does the sum and division for a list of dicts). Keys (all variants unless noted):
+
+- `loss/importance_ratio`  mean r
+- `loss/soft_gate_weight`  mean per-token gradient weight relative to the plain IS gradient
+  `r * Â * grad lp` (Â = the variant's advantage, A unless shaped): 1 unclipped, 0 clipped or
+  masked, SAPO `4p(1-p)`, CISPO `clip(r)/r`, GSPO `s_i/r`, IS reshape `gamma*w_g/r`, FIPO `f_t`
+  times the DAPO weight, default with sequence ratio `r_seq/r`. When the per-token loss is
+  summed (token normalization with one token as denominator), `grad_t = -w_t * r_t * Â_t`.
+- `loss/mismatch_kl`       mean (r - log r - 1), the k3 estimate of KL(inference || trainer)
+- `loss/clip_frac_low`, `loss/clip_frac_high`  fraction of tokens whose gradient a lower/upper
+  bound removed or capped (a hard mask or clip; 0 for variants without bounds)
+- `loss/entropy` (when entropies are given), `loss/kl_ref` (when kl_coef > 0), and each
+  variant's own (see docs/losses.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import TypeAdapter
+from torch import Tensor
+
+from prime_rl.configs.loss import (
+    CispoLossConfig,
+    CustomLossConfig,
+    DefaultLossConfig,
+    FipoLossConfig,
+    GspoLossConfig,
+    GspoTokenLossConfig,
+    IsReshapeLossConfig,
+    LossConfig,
+    PPOClipConfig,
+    SapoLossConfig,
+    VanillaLossConfig,
+    import_loss_function,
+)
+from prime_rl.utils.errors import ConfigError
+
+# --------------------------------------------------------------------------------------
+# Public data types
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LossInputs:
+    """One packed micro-batch, flat over its T tokens."""
+
+    trainer_logprobs: Tensor
+    """[T] float, differentiable: log pi_theta of each token under the trainer."""
+    inference_logprobs: Tensor
+    """[T] float: log prob of each token under the policy that sampled it."""
+    advantages: Tensor
+    """[T] float: advantage of each token (usually the sample's advantage repeated)."""
+    loss_mask: Tensor
+    """[T] bool: true on the tokens that train (completion tokens)."""
+    sample_lens: Tensor
+    """[S] long: lengths of the packed samples, in order, summing to T."""
+    ref_logprobs: Tensor | None = None
+    """[T] float: reference-model logprobs (needed when kl_coef > 0)."""
+    teacher_logprobs: Tensor | None = None
+    """[T] float: teacher logprobs (needed when teacher_tau > 0)."""
+    entropies: Tensor | None = None
+    """[T] float, differentiable: entropy of the trainer's distribution at each token."""
+
+
+@dataclass
+class LossOutputs:
+    """A loss and its metrics. From `build_loss`: metrics are `[sum, count]` pairs;
+    from `compute_step_loss`: metrics are 0-dim tensors holding the step means."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """The denominators of one optimizer step, counted over ALL micro-batches on ALL ranks."""
+
+    total_loss_tokens: int
+    """Trained tokens (loss_mask true) in the step: the `token` denominator."""
+    num_samples: int
+    """Samples with at least one trained token in the step: N of `sequence` and `constant`."""
+    max_tokens: int
+    """Completion budget L (max new tokens per sample): `constant` divides by N * L."""
+    num_micro_batches: int = 1
+    """Micro-batches in the step over all ranks: `token_local` averages over them."""
+
+    @classmethod
+    def from_counts(cls, counts: Tensor, max_tokens: int, num_micro_batches: int) -> LossScale:
+        """From the (all-reduced) sum of `scale_counts` of every micro-batch of the step."""
+        tokens, samples = (int(x) for x in counts.tolist())
+        return cls(
+            total_loss_tokens=tokens, num_samples=samples, max_tokens=max_tokens, num_micro_batches=num_micro_batches
+        )
+
+
+def scale_counts(inputs: LossInputs) -> Tensor:
+    """`[trained tokens, samples with a trained token]` of one micro-batch (long); sum over the
+    step's micro-batches, all-reduce across ranks, then `LossScale.from_counts`."""
+    per_sample = segment_sum(inputs.loss_mask.long(), inputs.sample_lens)
+    return torch.stack([per_sample.sum(), (per_sample > 0).sum()]).cpu()
+
+
+# --------------------------------------------------------------------------------------
+# Per-sample reductions (no Python loop over samples)
+# --------------------------------------------------------------------------------------
+
+
+def sample_index(sample_lens: Tensor) -> Tensor:
+    """[T] long: the sample each token belongs to."""
+    return torch.repeat_interleave(torch.arange(len(sample_lens), device=sample_lens.device), sample_lens)
+
+
+def segment_sum(values: Tensor, sample_lens: Tensor) -> Tensor:
+    """[S]: sum of `values` [T] within each sample (differentiable)."""
+    index = sample_index(sample_lens.to(values.device))
+    return values.new_zeros(len(sample_lens)).index_add(0, index, values)
+
+
+def segment_masked_mean(values: Tensor, mask: Tensor, sample_lens: Tensor) -> Tensor:
+    """[S]: mean of `values` over each sample's masked tokens (0 for a sample without any)."""
+    total = segment_sum(torch.where(mask, values, torch.zeros_like(values)), sample_lens)
+    count = segment_sum(mask.to(values.dtype), sample_lens)
+    return total / count.clamp(min=1)
+
+
+def broadcast_to_tokens(per_sample: Tensor, sample_lens: Tensor) -> Tensor:
+    """[T]: each sample's value repeated over its tokens."""
+    return torch.repeat_interleave(per_sample, sample_lens.to(per_sample.device))
+
+
+def segment_any(flags: Tensor, sample_lens: Tensor) -> Tensor:
+    """[S] bool: whether any token of each sample is flagged."""
+    return segment_sum(flags.float(), sample_lens) > 0
+
+
+def reverse_discounted_sum(values: Tensor, mask: Tensor, sample_lens: Tensor, gamma: float, block: int = 128) -> Tensor:
+    """[T]: sum_{k >= t} gamma^(k - t) values_k over each sample's masked tokens, where k - t counts
+    masked tokens (unmasked tokens neither contribute nor add decay). 0 on unmasked tokens.
+
+    Vectorized: tokens go to a padded [S, P] grid by their rank among the sample's masked tokens;
+    each block of `block` columns is one matmul with the decay matrix gamma^(k-t), and a loop over
+    blocks (P / block steps, not samples) carries the discounted tail from right to left.
+    """
+    index = sample_index(sample_lens.to(values.device))
+    mask_f = mask.to(values.dtype)
+    counts = segment_sum(mask_f, sample_lens).long()
+    ranks = torch.cumsum(mask.long(), 0) - 1
+    starts = torch.cumsum(counts, 0) - counts  # masked tokens before each sample
+    pos = ranks - starts[index]
+    num_samples = len(sample_lens)
+    width = max(int(counts.max()) if num_samples else 0, 1)
+    num_blocks = -(-width // block)
+    grid = values.new_zeros(num_samples, num_blocks * block)
+    rows, cols = index[mask], pos[mask]
+    grid = grid.index_put((rows, cols), values[mask])
+    steps = torch.arange(block, device=values.device, dtype=values.dtype)
+    diff = steps[None, :] - steps[:, None]  # k - t
+    decay = torch.where(diff >= 0, gamma ** diff.clamp(min=0), torch.zeros_like(diff))  # [t, k]
+    tail_decay = gamma ** (block - steps)  # gamma^(first column of next block - t)
+    out_blocks = []
+    carry = values.new_zeros(num_samples)  # discounted sum starting at the next block's first column
+    for b in range(num_blocks - 1, -1, -1):
+        chunk = grid[:, b * block : (b + 1) * block]
+        out = chunk @ decay.T + carry[:, None] * tail_decay[None, :]
+        out_blocks.append(out)
+        carry = out[:, 0]
+    full = torch.cat(out_blocks[::-1], dim=1)
+    result = values.new_zeros(values.shape)
+    return result.index_put((mask.nonzero(as_tuple=True)[0],), full[rows, cols])
+
+
+# --------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------
+
+
+def _metric(values: Tensor, mask: Tensor) -> Tensor:
+    """`[sum over masked tokens, count]` in float64, detached."""
+    values = values.detach().to(torch.float64)
+    return torch.stack([torch.where(mask, values, torch.zeros_like(values)).sum(), mask.sum().to(torch.float64)])
+
+
+def _scalar_metric(value: Tensor | float) -> Tensor:
+    """`[value, 1]`: a per-call scalar, averaged over calls by `reduce_metrics`."""
+    return torch.tensor([float(value), 1.0], dtype=torch.float64)
+
+
+def reduce_metrics(metric_dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, float]:
+    """Sum the `[sum, count]` pairs of several micro-batches (or already all-reduced pairs) and
+    return each metric's mean; a metric with count 0 is left out."""
+    totals: dict[str, Tensor] = {}
+    for metrics in metric_dicts:
+        for key, pair in metrics.items():
+            pair = pair.detach().to("cpu", torch.float64)
+            totals[key] = totals[key] + pair if key in totals else pair
+    return {key: float(s / c) for key, (s, c) in ((k, v.tolist()) for k, v in totals.items()) if c > 0}
+
+
+# --------------------------------------------------------------------------------------
+# The shared preparation of one call
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """Masked, NaN-safe views of the inputs. Everything is 0 (log r) / 1 (r) off the mask."""
+
+    lp: Tensor  # trainer logprobs, 0 off the mask (differentiable)
+    log_r: Tensor  # lp - lq, 0 off the mask (differentiable)
+    r: Tensor  # exp(log_r)
+    adv: Tensor  # A, 0 off the mask
+    mask: Tensor
+    sample_lens: Tensor
+    inputs: LossInputs
+
+    def off_mask_zero(self, values: Tensor) -> Tensor:
+        return torch.where(self.mask, values, torch.zeros_like(values))
+
+
+def _prepare(inputs: LossInputs) -> _Prepared:
+    mask = inputs.loss_mask.bool()
+    lp_raw = inputs.trainer_logprobs
+    zero = torch.zeros_like(lp_raw)
+    lp = torch.where(mask, lp_raw, zero)
+    lq = torch.where(mask, inputs.inference_logprobs.to(lp_raw.dtype), zero.detach())
+    log_r = lp - lq
+    adv = torch.where(mask, inputs.advantages.to(lp_raw.dtype), zero.detach())
+    return _Prepared(
+        lp=lp,
+        log_r=log_r,
+        r=torch.exp(log_r),
+        adv=adv,
+        mask=mask,
+        sample_lens=inputs.sample_lens.to(lp_raw.device),
+        inputs=inputs,
+    )
+
+
+@dataclass
+class _Term:
+    """A variant's per-token policy loss and what the metrics need."""
+
+    loss: Tensor  # [T] per-token loss (0 off the mask)
+    gate: Tensor  # [T] soft_gate_weight per token (detached)
+    clip_low: Tensor  # [T] bool
+    clip_high: Tensor  # [T] bool
+    extra: dict[str, Tensor] = field(default_factory=dict)  # extra [sum, count] metrics
+
+
+def _shaped_advantage(cfg: Any, p: _Prepared) -> Tensor:
+    """Â = adv_tau * A + teacher_tau * sg(teacher - lp) - kl_tau * sg(log r), detached."""
+    adv = cfg.adv_tau * p.adv
+    if cfg.teacher_tau > 0:
+        if p.inputs.teacher_logprobs is None:
+            raise ConfigError("loss.teacher_tau > 0 but the batch has no teacher_logprobs")
+        teacher = p.off_mask_zero(p.inputs.teacher_logprobs.to(p.lp.dtype))
+        adv = adv + cfg.teacher_tau * (teacher - p.lp).detach()
+    if cfg.kl_tau > 0:
+        adv = adv - cfg.kl_tau * p.log_r.detach()
+    return p.off_mask_zero(adv.detach())
+
+
+def _safe_div(num: Tensor, den: Tensor) -> Tensor:
+    """num / den with 0 where den is 0 (a gate on an r that underflowed)."""
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+# --------------------------------------------------------------------------------------
+# Variants: each returns the per-token policy loss l_t (before normalization)
+# --------------------------------------------------------------------------------------
+
+
+def default_loss(cfg: DefaultLossConfig, p: _Prepared) -> _Term:
+    """AIPO / masked importance sampling.
+
+    keep_t = cfg.token_mask_low <= r_t <= cfg.token_mask_high, and the sample is kept:
+             geo_mask_low <= exp(mean_t log r) <= geo_mask_high and no token has
+             r < sequence_mask_low or r > sequence_mask_high.
+    w_t    = r_t (ratio_type token) or r_seq = min(exp(min(sum_t log r, 10)), sequence_clip_high).
+    l_t    = -sg(w_t * Â_t) * lp_t on kept tokens, Â = adv_tau A + teacher_tau sg(teacher - lp) - kl_tau log r.
+    """
+    r, lens = p.r.detach(), p.sample_lens
+    log_r = p.log_r.detach()
+    tok_low = p.mask & (r < cfg.token_mask_low)
+    tok_high = p.mask & (r > cfg.token_mask_high)
+    geo = torch.exp(segment_masked_mean(log_r, p.mask, lens))
+    seq_low = (geo < cfg.geo_mask_low) | segment_any(p.mask & (r < cfg.sequence_mask_low), lens)
+    seq_high = (geo > cfg.geo_mask_high) | segment_any(p.mask & (r > cfg.sequence_mask_high), lens)
+    seq_low_t = broadcast_to_tokens(seq_low, lens) & p.mask
+    seq_high_t = broadcast_to_tokens(seq_high, lens) & p.mask
+    # Direction of a removed gradient: the token's own bound first, then the sample's.
+    clip_low = tok_low | (seq_low_t & ~tok_high)
+    clip_high = (tok_high | seq_high_t) & ~clip_low
+    keep = p.mask & ~clip_low & ~clip_high
+    if cfg.ratio_type == "sequence":
+        log_seq = segment_sum(log_r, lens).clamp(max=10.0)
+        weight = broadcast_to_tokens(torch.exp(log_seq).clamp(max=cfg.sequence_clip_high), lens)
+    else:
+        weight = r
+    coef = torch.where(keep, weight * _shaped_advantage(cfg, p), torch.zeros_like(r))
+    loss = -coef.detach() * p.lp
+    gate = torch.where(keep, _safe_div(weight, r), torch.zeros_like(r))
+    extra = {"loss/sequence_masked_frac": _metric((seq_low_t | seq_high_t).float(), p.mask)}
+    return _Term(loss, gate, clip_low, clip_high, extra)
+
+
+def sapo_loss(cfg: SapoLossConfig, p: _Prepared) -> _Term:
+    """SAPO: l_t = -f(r_t) Â_t, f(r) = (4/tau) sigmoid(tau (r - 1)), tau = tau_pos if Â > 0 else tau_neg.
+
+    d l_t / d lp_t = -4 p (1 - p) r Â with p = sigmoid(tau (r - 1)): the gate is differentiable
+    through r itself, so its weight relative to r Â grad lp is 4 p (1 - p) (1 at r = 1).
+    """
+    adv = _shaped_advantage(cfg, p)
+    tau = torch.where(adv > 0, torch.full_like(adv, cfg.tau_pos), torch.full_like(adv, cfg.tau_neg))
+    gate_p = torch.sigmoid(tau * (p.r - 1))
+    loss = p.off_mask_zero(-(4 / tau) * gate_p * adv)
+    pd = gate_p.detach()
+    gate = p.off_mask_zero(4 * pd * (1 - pd))
+    none = torch.zeros_like(p.mask)
+    return _Term(loss, gate, none, none)
+
+
+def cispo_loss(cfg: CispoLossConfig, p: _Prepared) -> _Term:
+    """CISPO: l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t lp_t (no lower bound when eps_low is None).
+
+    Every token keeps a gradient; the weight relative to r A grad lp is clip(r)/r.
+    """
+    r = p.r.detach()
+    low = None if cfg.eps_low is None else 1 - cfg.eps_low
+    clipped = r.clamp(min=low, max=1 + cfg.eps_high)
+    loss = -(clipped * p.adv).detach() * p.lp
+    clip_low = p.mask & (r < low) if low is not None else torch.zeros_like(p.mask)
+    clip_high = p.mask & (r > 1 + cfg.eps_high)
+    gate = p.off_mask_zero(_safe_div(clipped, r))
+    return _Term(loss, gate, clip_low, clip_high)
+
+
+def vanilla_loss(cfg: VanillaLossConfig, p: _Prepared) -> _Term:
+    """Plain importance-sampled policy gradient: l_t = -r_t A_t."""
+    none = torch.zeros_like(p.mask)
+    return _Term(-p.r * p.adv, p.mask.to(p.r.dtype), none, none)
+
+
+def _opsm_keep(cfg: PPOClipConfig, p: _Prepared) -> Tensor:
+    """[T] bool, False on samples that OPSM drops: A < 0 and mean_t(lq - lp) > delta."""
+    if cfg.opsm_delta is None:
+        return torch.ones_like(p.mask)
+    mean_adv = segment_masked_mean(p.adv, p.mask, p.sample_lens)
+    drift = segment_masked_mean(-p.log_r.detach(), p.mask, p.sample_lens)
+    return ~broadcast_to_tokens((mean_adv < 0) & (drift > cfg.opsm_delta), p.sample_lens)
+
+
+def ppo_clip_loss(cfg: PPOClipConfig, p: _Prepared, ratio: Tensor | None = None) -> _Term:
+    """GRPO / BNPO / Dr. GRPO / DAPO (they differ in eps and normalization only):
+
+    l_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); with dual clip c, for A < 0:
+    l_t = min(l_t, -c A) (the loss is capped, r > c gets no gradient). OPSM zeroes whole samples.
+    The gradient is r A grad lp (weight 1) unless the clip or the dual clip is active (weight 0).
+    """
+    r = p.r if ratio is None else ratio
+    adv = p.adv
+    lo, hi = 1 - cfg.eps_low, 1 + cfg.eps_high
+    surrogate = torch.minimum(r * adv, r.clamp(lo, hi) * adv)
+    rd = r.detach()
+    clip_low = p.mask & (adv < 0) & (rd < lo)
+    clip_high = p.mask & (adv > 0) & (rd > hi)
+    if cfg.dual_clip_c is not None:
+        # For A < 0: objective max(min(rA, clip(r)A), cA) -> the loss never exceeds -c A.
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, cfg.dual_clip_c * adv), surrogate)
+        clip_high = clip_high | (p.mask & (adv < 0) & (rd > cfg.dual_clip_c))
+    keep = _opsm_keep(cfg, p)
+    loss = torch.where(keep & p.mask, -surrogate, torch.zeros_like(surrogate))
+    gate = (p.mask & keep & ~clip_low & ~clip_high).to(r.dtype)
+    extra = {}
+    if cfg.opsm_delta is not None:
+        extra["loss/opsm_masked_frac"] = _metric((~keep).float(), p.mask)
+    # Tokens OPSM drops count as low-clipped: a stale, negative sample pushed below the sampler.
+    clip_low = clip_low | (p.mask & ~keep)
+    clip_high = clip_high & ~clip_low
+    return _Term(loss, gate, clip_low, clip_high, extra)
+
+
+def gspo_loss(cfg: GspoLossConfig, p: _Prepared) -> _Term:
+    """GSPO: s_i = exp(mean_{t in i} log r_t) (gradient flows through it), per token
+    l_t = -min(s_i A_t, clip(s_i, 1 - eps_low, 1 + eps_high) A_t).
+
+    gspo_token: s_it = sg(s_i) * exp(lp_t - sg(lp_t)) (same value, gradient per token).
+    Summed over sample i, the gradient w.r.t. lp_t is -s_i A (unclipped): weight s_i / r_t.
+    """
+    seq_log = segment_masked_mean(p.log_r, p.mask, p.sample_lens)
+    s = broadcast_to_tokens(torch.exp(seq_log), p.sample_lens)
+    if isinstance(cfg, GspoTokenLossConfig):
+        s = s.detach() * torch.exp(p.lp - p.lp.detach())
+    lo, hi = 1 - cfg.eps_low, 1 + cfg.eps_high
+    surrogate = torch.minimum(s * p.adv, s.clamp(lo, hi) * p.adv)
+    loss = p.off_mask_zero(-surrogate)
+    sd = s.detach()
+    clip_low = p.mask & (p.adv < 0) & (sd < lo)
+    clip_high = p.mask & (p.adv > 0) & (sd > hi)
+    gate = torch.where(p.mask & ~clip_low & ~clip_high, _safe_div(sd, p.r.detach()), torch.zeros_like(sd))
+    return _Term(loss, gate, clip_low, clip_high, {"loss/sequence_ratio": _metric(sd, p.mask)})
+
+
+def fipo_loss(cfg: FipoLossConfig, p: _Prepared) -> _Term:
+    """FIPO: l_t = f_t * l_t^DAPO with the future influence
+    f_t = clip(exp(sum_{k >= t} gamma^(k - t) log r_k), 1 - eps_f, 1 + eps_f) over the sample's
+    trained tokens (detached unless detach_influence = false). Clipping happens on the exponent,
+    which is the same value and cannot overflow.
+    """
+    future = reverse_discounted_sum(p.log_r, p.mask, p.sample_lens, cfg.gamma)
+    influence = torch.exp(future.clamp(math.log(1 - cfg.eps_f), math.log(1 + cfg.eps_f)))
+    if cfg.detach_influence:
+        influence = influence.detach()
+    base = ppo_clip_loss(cfg, p)
+    fd = influence.detach()
+    extra = dict(base.extra)
+    extra["loss/future_influence"] = _metric(fd, p.mask)
+    return _Term(
+        p.off_mask_zero(influence * base.loss), p.off_mask_zero(fd * base.gate), base.clip_low, base.clip_high, extra
+    )
+
+
+def is_reshape_loss(cfg: IsReshapeLossConfig, p: _Prepared) -> _Term:
+    """Rényi IS reshape: l_t = -w_g A with w_g = exp(gamma_t log w_t), log w = lp - lq and
+
+    sigma2       = unbiased variance of log w over this call's trained tokens (detached)
+    gamma_base   = min(1, sqrt(-log(rho_min) / sigma2))   (1 when sigma2 = 0)
+    gamma_target = sigmoid(-T log w),  P = sigmoid(A log w / tau)
+    gamma        = sg(max(gamma_min, gamma_base + (gamma_target - gamma_base) P))
+    w_g          = min(w_g, clip_threshold) when clip_weight.
+    The gradient w.r.t. lp is -gamma w_g A: weight gamma w_g / r (0 where the cap is active).
+    """
+    log_w = p.log_r
+    lw = log_w.detach()
+    n = p.mask.sum()
+    mean = p.off_mask_zero(lw).sum() / n.clamp(min=1)
+    sigma2 = (p.off_mask_zero((lw - mean) ** 2).sum() / (n - 1).clamp(min=1)) if n > 1 else lw.new_zeros(())
+    if sigma2 > 0:
+        gamma_base = torch.clamp(torch.sqrt(-math.log(cfg.rho_min) / sigma2), max=1.0)
+    else:
+        gamma_base = lw.new_ones(())
+    gamma_target = torch.sigmoid(-cfg.T * lw)
+    gate_p = torch.sigmoid(p.adv * lw / cfg.tau)
+    gamma = torch.clamp(gamma_base + (gamma_target - gamma_base) * gate_p, min=cfg.gamma_min).detach()
+    w_g = torch.exp(gamma * log_w)
+    wd = w_g.detach()
+    clip_high = torch.zeros_like(p.mask)
+    if cfg.clip_weight:
+        clip_high = p.mask & (wd > cfg.clip_threshold)
+        w_g = w_g.clamp(max=cfg.clip_threshold)
+    loss = p.off_mask_zero(-w_g * p.adv)
+    gate = torch.where(p.mask & ~clip_high, _safe_div(gamma * wd, p.r.detach()), torch.zeros_like(wd))
+    extra = {
+        "loss/gamma_base": _scalar_metric(gamma_base),
+        "loss/sigma_sq": _scalar_metric(sigma2),
+        "loss/gamma": _metric(gamma, p.mask),
+        "loss/is_ratio_used": _metric(w_g.detach(), p.mask),
+    }
+    return _Term(loss, gate, torch.zeros_like(p.mask), clip_high, extra)
+
+
+def custom_loss(cfg: CustomLossConfig, p: _Prepared) -> _Term:
+    """User function `fn(inputs, **kwargs)` returning per-token losses [T], a summed loss (0-dim),
+    or `(loss, metrics)` with per-token metric tensors [T] (logged as `loss/<name>`, averaged over
+    trained tokens). The framework masks and normalizes; it reports no soft gate for it."""
+    fn = import_loss_function(cfg.import_path)
+    result = fn(p.inputs, **cfg.kwargs)
+    user_metrics: dict[str, Tensor] = {}
+    if isinstance(result, tuple):
+        result, user_metrics = result
+    if not isinstance(result, Tensor):
+        raise TypeError(f"custom loss {cfg.import_path} returned {type(result).__name__}, expected a Tensor")
+    if result.dim() == 0:
+        if cfg.normalization == "sequence":
+            raise ConfigError(
+                f"custom loss {cfg.import_path} returned a summed loss; 'sequence' normalization needs per-token losses"
+            )
+        # A summed loss goes onto the first token so the normalizations divide it like a token sum.
+        loss = torch.zeros_like(p.lp).index_put((torch.tensor([0], device=p.lp.device),), result.reshape(1))
+    elif result.shape == p.lp.shape:
+        loss = p.off_mask_zero(result)
+    else:
+        raise TypeError(
+            f"custom loss {cfg.import_path} returned shape {tuple(result.shape)}, expected [] or {tuple(p.lp.shape)}"
+        )
+    extra = {f"loss/{name.removeprefix('loss/')}": _metric(value, p.mask) for name, value in user_metrics.items()}
+    none = torch.zeros_like(p.mask)
+    return _Term(loss, torch.zeros_like(p.r), none, none, extra)
+
+
+_VARIANTS: dict[str, Callable[[Any, _Prepared], _Term]] = {
+    "default": default_loss,
+    "sapo": sapo_loss,
+    "cispo": cispo_loss,
+    "vanilla": vanilla_loss,
+    "grpo": ppo_clip_loss,
+    "bnpo": ppo_clip_loss,
+    "dr_grpo": ppo_clip_loss,
+    "dapo": ppo_clip_loss,
+    "gspo": gspo_loss,
+    "gspo_token": gspo_loss,
+    "fipo": fipo_loss,
+    "is_reshape": is_reshape_loss,
+    "custom": custom_loss,
+}
+
+
+# --------------------------------------------------------------------------------------
+# Regularizers every variant accepts
+# --------------------------------------------------------------------------------------
+
+
+def kl_estimate(lp: Tensor, ref: Tensor, kl_type: str) -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta, with d = lp - ref:
+    k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1, low_var_kl = clamp(k3 with d clamped to [-20, 20], -10, 10)."""
+    d = lp - ref
+    if kl_type == "k1":
+        return d
+    if kl_type == "k2":
+        return 0.5 * d**2
+    if kl_type == "k3":
+        return torch.exp(-d) + d - 1
+    if kl_type == "low_var_kl":
+        d = d.clamp(-20, 20)
+        return (torch.exp(-d) + d - 1).clamp(-10, 10)
+    raise ValueError(f"unknown kl_type {kl_type!r}")
+
+
+def _regularizers(cfg: Any, p: _Prepared, metrics: dict[str, Tensor]) -> Tensor:
+    """kl_coef * KL(lp, ref) - entropy_coef * entropy per token; records loss/kl_ref, loss/entropy."""
+    extra = torch.zeros_like(p.lp)
+    inputs = p.inputs
+    if cfg.kl_coef > 0:
+        if inputs.ref_logprobs is None:
+            raise ConfigError(f"loss.kl_coef = {cfg.kl_coef} > 0 but the batch has no ref_logprobs")
+        ref = torch.where(p.mask, inputs.ref_logprobs.to(p.lp.dtype), p.lp.detach())
+        kl = p.off_mask_zero(kl_estimate(p.lp, ref, cfg.kl_type))
+        metrics["loss/kl_ref"] = _metric(kl, p.mask)
+        extra = extra + cfg.kl_coef * kl
+    if inputs.entropies is not None:
+        entropy = p.off_mask_zero(inputs.entropies.to(p.lp.dtype))
+        metrics["loss/entropy"] = _metric(entropy, p.mask)
+        if cfg.entropy_coef > 0:
+            extra = extra - cfg.entropy_coef * entropy
+    elif cfg.entropy_coef > 0:
+        raise ConfigError(f"loss.entropy_coef = {cfg.entropy_coef} > 0 but the trainer supplied no entropies")
+    return extra
+
+
+# --------------------------------------------------------------------------------------
+# Normalization and the public entry points
+# --------------------------------------------------------------------------------------
+
+
+def normalize(per_token: Tensor, mask: Tensor, sample_lens: Tensor, normalization: str, scale: LossScale) -> Tensor:
+    """This micro-batch's share of the step loss (see the module docstring)."""
+    if normalization == "token":
+        return per_token.sum() / max(scale.total_loss_tokens, 1)
+    if normalization == "sequence":
+        tokens = segment_sum(mask.to(per_token.dtype), sample_lens)
+        return (segment_sum(per_token, sample_lens) / tokens.clamp(min=1)).sum() / max(scale.num_samples, 1)
+    if normalization == "token_local":
+        return per_token.sum() / mask.sum().clamp(min=1) / max(scale.num_micro_batches, 1)
+    if normalization == "constant":
+        return per_token.sum() / max(scale.num_samples * scale.max_tokens, 1)
+    raise ValueError(f"unknown normalization {normalization!r}")
+
+
+_CONFIG_ADAPTER: TypeAdapter[Any] = TypeAdapter(LossConfig)
+
+
+def parse_loss_config(config: Any) -> Any:
+    """A loss config model, or a dict like {"type": "sapo", "tau_pos": 1.0} validated the same way."""
+    if isinstance(config, Mapping):
+        return _CONFIG_ADAPTER.validate_python(dict(config))
+    return _CONFIG_ADAPTER.validate_python(config)
+
+
+LossFn = Callable[[LossInputs, LossScale], LossOutputs]
+
+
+def build_loss(config: Any) -> LossFn:
+    """The loss of `config`: fn(inputs, scale) -> this micro-batch's normalized contribution.
+
+    Summing `loss` over all micro-batches of all ranks gives the step loss; metrics are
+    `[sum, count]` pairs (see `reduce_metrics`).
+    """
+    cfg = parse_loss_config(config)
+    variant = _VARIANTS[cfg.type]
+    if cfg.type == "custom":
+        import_loss_function(cfg.import_path)  # fail now, not at the first step
+
+    def loss_fn(inputs: LossInputs, scale: LossScale) -> LossOutputs:
+        p = _prepare(inputs)
+        term = variant(cfg, p)
+        metrics: dict[str, Tensor] = {
+            "loss/importance_ratio": _metric(p.r, p.mask),
+            "loss/mismatch_kl": _metric(p.r - p.log_r - 1, p.mask),
+            "loss/clip_frac_low": _metric(term.clip_low.float(), p.mask),
+            "loss/clip_frac_high": _metric(term.clip_high.float(), p.mask),
+        }
+        if cfg.type != "custom":
+            metrics["loss/soft_gate_weight"] = _metric(term.gate, p.mask)
+        per_token = term.loss + _regularizers(cfg, p, metrics)
+        metrics.update(term.extra)
+        loss = normalize(per_token, p.mask, p.sample_lens, cfg.normalization, scale)
+        return LossOutputs(loss=loss, metrics=metrics)
+
+    return loss_fn
+
+
+def compute_step_loss(config: Any, micro_batches: Sequence[LossInputs], max_tokens: int) -> LossOutputs:
+    """Single-process step: the summed contributions of `micro_batches` and the step's mean metrics."""
+    counts = sum((scale_counts(mb) for mb in micro_batches), torch.zeros(2, dtype=torch.long))
+    scale = LossScale.from_counts(counts, max_tokens=max_tokens, num_micro_batches=len(micro_batches))
+    loss_fn = build_loss(config)
+    outputs = [loss_fn(mb, scale) for mb in micro_batches]
+    loss = torch.stack([o.loss for o in outputs]).sum()
+    metrics = {k: torch.tensor(v) for k, v in reduce_metrics([o.metrics for o in outputs]).items()}
+    return LossOutputs(loss=loss, metrics=metrics)

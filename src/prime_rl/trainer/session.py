@@ -1,0 +1,125 @@
+"""What `trainer` and `sft` share: process group, model, optimizer, scheduler, resume,
+the optimizer step with its NaN guard, weight writing, checkpoints and metrics.
+
+A training step of either entrypoint is: forward/backward every micro-batch (each loss
+already normalised over the whole step, so gradients accumulate to the step's gradient),
+then `optimizer_step` (clip, check finite, AdamW, lr schedule), then `after_step`
+(weights, checkpoint, metrics).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import torch
+
+from prime_rl.configs.shared import RunConfig
+from prime_rl.monitor import Monitor
+from prime_rl.trainer import ckpt as ckpt_io
+from prime_rl.trainer.config import ModelInitConfig
+from prime_rl.trainer.dist import all_reduce_sum, init_distributed
+from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
+from prime_rl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
+from prime_rl.trainer.weights import write_weights
+from prime_rl.utils.errors import PrimeError
+from prime_rl.utils.logging import setup_logging
+
+
+class NonFiniteError(PrimeError):
+    """Loss or gradient norm is NaN/inf: the step is not applied and nothing of it is written."""
+
+
+class TrainSession:
+    """Owns the distributed model, its optimizer and scheduler for one `trainer` / `sft` run.
+
+    `config` is a `TrainerConfig` or `SFTConfig` (both have optim, scheduler, ckpt, runtime).
+    `start_step` is the number of optimizer steps already done (from a resumed checkpoint).
+    """
+
+    def __init__(self, config: RunConfig, source: str, init: ModelInitConfig | None = None):
+        self.config = config
+        self.source = source
+        self.dist = init_distributed()
+        self.output_dir = Path(config.output_dir)
+        self.log = setup_logging(source, self.output_dir if self.dist.is_main else None)
+        if config.runtime.deterministic:
+            torch.use_deterministic_algorithms(True)
+        torch.manual_seed(config.seed + self.dist.rank)
+        random.seed(config.seed + self.dist.rank)
+
+        self.tokenizer = load_tokenizer(config.model, init)
+        net = load_model(config.model, config.runtime, self.dist.device, init, self.tokenizer, seed=config.seed)
+        self.model_config = net.config
+        self.num_params = num_parameters(net)
+        self.model = prepare_model(net, config.runtime, self.dist.device)
+        self.optimizer = build_optimizer(self.model, config.optim)
+        self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)
+
+        self.start_step = 0
+        self.resume_extra: dict = {}
+        resume = ckpt_io.resolve_resume_step(self.output_dir, config.ckpt)
+        if resume is not None:
+            self.resume_extra = ckpt_io.load_checkpoint(self.output_dir, resume, self.model, self.optimizer,
+                                                        self.scheduler)
+            self.start_step = resume
+            self.log.info(f"resumed from {ckpt_io.ckpt_dir(self.output_dir, resume)} (continuing at step {resume})")
+        self.monitor = None
+        if self.dist.is_main:
+            self.monitor = Monitor(self.output_dir, source, config.wandb, config.model_dump(mode="json"))
+        self.log.info(f"{source}: {self.num_params / 1e6:.2f}M parameters on {self.dist.world_size} rank(s), "
+                      f"device {self.dist.device}")
+
+    # ------------------------------------------------------------------ step pieces
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's share of the global step loss.
+
+        FSDP averages gradients over ranks; our losses are already global sums, so the
+        loss is multiplied by the world size to make the reduced gradient their sum.
+        """
+        (loss * self.dist.world_size).backward()
+
+    def optimizer_step(self, step: int, loss_value: float) -> float:
+        """Clip, check the (all-reduced) loss and gradient norm are finite, step AdamW; returns the norm.
+
+        Raises `NonFiniteError` before touching the weights, so no weights or checkpoint of
+        this step are ever written.
+        """
+        grad_norm = float(clip_gradients(self.model, self.config.optim.max_norm))
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+            raise NonFiniteError(f"{self.source} step {step}: non-finite loss ({loss_value}) or gradient norm "
+                                 f"({grad_norm}); stopping before writing weights or a checkpoint of this step")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def after_step(self, done: int, write: bool, extra: dict | None = None) -> None:
+        """After `done` optimizer steps: write weights/step_{done} if `write`, checkpoint when due."""
+        if write:
+            keep = getattr(self.config, "keep_weights", None)
+            write_weights(self.model, self.tokenizer, self.output_dir, done, self.dist.is_main, keep)
+        interval = self.config.ckpt.interval
+        if done == self.config.max_steps or (interval is not None and done % interval == 0):
+            ckpt_io.save_checkpoint(self.output_dir, done, self.model, self.optimizer, self.scheduler, extra,
+                                    self.config.ckpt.keep)
+
+    def perf_metrics(self, tokens: int, step_time: float, avg_seq_len: float) -> dict[str, float]:
+        """perf/* of one step; `tokens` counts this rank only (summed over ranks here)."""
+        (total,) = all_reduce_sum([tokens], self.dist.device)
+        fpt = flops_per_token(self.num_params, self.model_config, avg_seq_len)
+        return throughput_metrics(int(total), step_time, fpt, self.dist.world_size, self.dist.device)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self.monitor is not None:
+            self.monitor.log(metrics, step)
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()

@@ -1,0 +1,58 @@
+"""`weights/step_N/`: HF-format weights (safetensors, config, generation config, tokenizer).
+
+All ranks gather the full state dict (a collective); rank 0 writes it into a temporary
+directory and renames it into place, then prunes old steps.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from prime_rl.utils.fs import atomic_dir
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def weights_dir(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "weights" / f"step_{step}"
+
+
+def list_steps(directory: Path) -> list[int]:
+    """Sorted N of the `step_N` subdirectories of `directory`."""
+    if not Path(directory).is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in Path(directory).iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+
+
+def prune_steps(directory: Path, keep: int | None, subdir: str | None = None) -> None:
+    """Delete all but the newest `keep` step_N directories (or their `subdir`)."""
+    if keep is None:
+        return
+    for step in list_steps(directory)[:-keep]:
+        target = Path(directory) / f"step_{step}"
+        shutil.rmtree(target / subdir if subdir else target, ignore_errors=True)
+        if subdir and target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+
+
+def write_weights(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path, step: int,
+                  is_main: bool, keep: int | None = None) -> Path:
+    """Collective: every rank must call it. Returns the weight directory (complete on rank 0's return)."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    target = weights_dir(output_dir, step)
+    if is_main:
+        with atomic_dir(target) as tmp:
+            model.save_pretrained(tmp, state_dict=state, max_shard_size="5GB")
+            generation = getattr(model, "generation_config", None)
+            if generation is None:
+                generation = GenerationConfig.from_model_config(model.config)
+            generation.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        prune_steps(target.parent, keep)
+    return target

@@ -1,0 +1,27 @@
+"""Models shipped inside the package, addressed by a short name in `model.name`.
+
+`tiny-reverse-text` is a 0.8M-parameter Qwen3 with a character-level tokenizer, built
+from random init by this project's own `sft` on reverse-text examples
+(`scripts/build_tiny_model.sh` rebuilds it). Any other name is passed through
+unchanged to Hugging Face (`from_pretrained` of a local directory or a hub name).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prime_rl.utils.errors import UserError
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+EMBEDDED_MODELS = {"tiny-reverse-text": ASSETS_DIR / "tiny-reverse-text"}
+
+
+def resolve_model_path(name: str) -> str:
+    """The directory or hub name to load for `model.name`."""
+    embedded = EMBEDDED_MODELS.get(name)
+    if embedded is None:
+        return name
+    if not (embedded / "config.json").exists():
+        raise UserError(f"the embedded model {name!r} is missing at {embedded}; rebuild it with "
+                        f"`bash scripts/build_tiny_model.sh`")
+    return str(embedded)

