@@ -7,5 +7,7 @@ from prime_rl.trainer.rl.loss import LossInputs
 
 def capped_reinforce(inputs: LossInputs, max_weight: float = 2.0) -> torch.Tensor:
     """Per-token loss -sg(min(r, max_weight)) * A * lp; prime-rl masks and normalizes it."""
-    ratio = torch.exp(inputs.trainer_logprobs - inputs.inference_logprobs).detach()
-    return -ratio.clamp(max=max_weight) * inputs.advantages * inputs.trainer_logprobs
+    # Off the mask (prompt tokens) the logprobs may be NaN: keep them out of the weight.
+    log_ratio = torch.where(inputs.loss_mask, inputs.trainer_logprobs - inputs.inference_logprobs, 0.0)
+    weight = log_ratio.exp().clamp(max=max_weight).detach()
+    return -weight * inputs.advantages * inputs.trainer_logprobs

@@ -59,6 +59,46 @@ def prepare_output_dir(config: RLConfig) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+def step_number(path: Path) -> int | None:
+    """N of a `step_N` directory, None for anything else (temporary names included)."""
+    prefix, _, number = path.name.partition("_")
+    return int(number) if prefix == "step" and number.isdigit() else None
+
+
+def resume_from(config: RLConfig) -> int | None:
+    """Pin `ckpt.resume_step` to one step both trainer and orchestrator have a checkpoint of.
+
+    'latest' becomes the newest such step. Batches and weights made after it by the
+    interrupted run are removed, so the resumed processes regenerate them instead of
+    mixing two runs' files.
+    """
+    wanted = config.ckpt.resume_step
+    if wanted is None:
+        return None
+    root = config.output_dir / "checkpoints"
+    complete = sorted(
+        n for d in (root.iterdir() if root.is_dir() else ())
+        if (n := step_number(d)) is not None and (d / "trainer").is_dir() and (d / "orchestrator").is_dir()
+    )
+    if wanted == "latest":
+        if not complete:
+            raise ConfigError(f"--ckpt.resume-step latest: no checkpoint with both trainer and orchestrator state "
+                              f"under {root}")
+        wanted = complete[-1]
+    elif wanted not in complete:
+        raise ConfigError(f"--ckpt.resume-step {wanted}: no complete checkpoint {root}/step_{wanted} "
+                          f"(available: {complete or 'none'})")
+    for component in (config, config.trainer, config.orchestrator):
+        object.__setattr__(component.ckpt, "resume_step", wanted)
+    for kind, first_stale in (("rollouts", wanted), ("weights", wanted + 1)):
+        directory = config.output_dir / kind
+        for d in directory.iterdir() if directory.is_dir() else ():
+            n = step_number(d)
+            if n is not None and n >= first_stale:
+                shutil.rmtree(d)
+    return wanted
+
+
 def assign_devices(config: RLConfig) -> tuple[str, str]:
     """CUDA_VISIBLE_DEVICES for inference and trainer ('' on a machine without GPUs)."""
     import torch
@@ -185,6 +225,7 @@ def launch(config: RLConfig) -> None:
     console = Console(stderr=False)
     start = time.monotonic()
     prepare_output_dir(config)
+    resumed = resume_from(config)
     inference_devices, trainer_devices = assign_devices(config)
 
     if "port" not in config.inference.model_fields_set:
@@ -210,6 +251,8 @@ def launch(config: RLConfig) -> None:
     interrupted = False
     try:
         console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {logs}")
+        if resumed is not None:
+            console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
         children["inference"].start()
         health = f"http://{config.inference.host}:{config.inference.port}/health"
         console.print(f"waiting for the inference server ({health}) ...")

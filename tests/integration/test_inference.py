@@ -9,12 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import re
 import shutil
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,21 +19,35 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from inference_server import start_server, stop_server  # tests/ is on sys.path (rootdir conftest)
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
+from prime_rl.trainer.model import compute_logprobs
 from prime_rl.utils.tiny_model import save_random_model
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SEQ_LEN = 256
 
 
-def reference_logprobs(model_dir, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> torch.Tensor:
-    """What the trainer computes: log_softmax(logits[t-1] / T)[token t] over the completion, fp32."""
+def trainer_logprobs(model_dir, samples: list[tuple[list[int], list[int]]], temperature: float) -> list[torch.Tensor]:
+    """The trainer's own logprobs (`prime_rl.trainer.model.compute_logprobs`) of each sample's completion.
+
+    The `(prompt_ids, completion_ids)` samples are packed into one row, as the trainer packs
+    them, so this also checks that packing does not change a sample's logprobs.
+    """
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt_ids + completion_ids])
+    seqs = [prompt + completion for prompt, completion in samples]
+    input_ids = torch.tensor([tok for seq in seqs for tok in seq])
+    position_ids = torch.cat([torch.arange(len(seq)) for seq in seqs])
+    sample_lens = torch.tensor([len(seq) for seq in seqs])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
-    logprobs = torch.log_softmax(logits / temperature, dim=-1)
-    return logprobs.gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
+        logprobs, _ = compute_logprobs(model, input_ids, position_ids, sample_lens, temperature)
+    ends = sample_lens.cumsum(0).tolist()
+    return [logprobs[end - len(completion) : end] for end, (_, completion) in zip(ends, samples, strict=True)]
+
+
+def reference_logprobs(model_dir, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> torch.Tensor:
+    """What the trainer computes for one sample: log_softmax(logits[t-1] / T)[token t] over the completion."""
+    return trainer_logprobs(model_dir, [(prompt_ids, completion_ids)], temperature)[0]
 
 
 def assert_matches(model_dir, prompt_ids, token_ids, logprobs, temperature, tol=1e-4):
@@ -61,7 +71,10 @@ def encode(engine, text):
 
 
 def test_request_joins_the_running_batch_and_rows_stay_exact(engine, tiny_model_dir):
-    long = engine.submit(encode(engine, "a long one"), SamplingParams(max_tokens=240, temperature=1.0, seed=1))
+    # A seed whose sample runs to max_tokens (no EOS), so the long request is surely still decoding.
+    seed = next(s for s in range(20) if engine.submit(encode(engine, "a long one"), SamplingParams(
+        max_tokens=240, temperature=1.0, seed=s)).result(timeout=60)[0].finish_reason == "length")
+    long = engine.submit(encode(engine, "a long one"), SamplingParams(max_tokens=240, temperature=1.0, seed=seed))
     time.sleep(0.02)  # the long request is (most likely) decoding now: the short one joins its batch
     short = engine.submit(encode(engine, "hi"), SamplingParams(max_tokens=4, temperature=0.7, seed=2), n=3)
     short_result = short.result(timeout=60)
@@ -114,47 +127,17 @@ def test_eos_stops_a_sequence_and_is_kept_in_its_token_ids(tiny_model_dir, tmp_p
     assert got[0].finish_reason == "stop" and got[0].token_ids == greedy.token_ids[: first_eos + 1]
 
 
-# ---------------------------------------------------------------------------- server
-
-
-def start_server(model_dir, log_path: Path, backend: str, port: int, timeout_s: float, *extra: str):
-    """Start `inference` (as `python -m`, so it also runs from a venv without the console script).
-
-    Returns the process and its URL once /health answers 200. With port 0 the URL is read
-    from the server's log line.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
-    log = open(log_path, "w")  # noqa: SIM115 (the server writes to it until it is killed)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prime_rl.inference.server", "--model.name", str(model_dir), "--backend", backend,
-         "--port", str(port), "--seq-len", str(SEQ_LEN), *extra],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(r"serving on (http://[\d.]+:\d+)", log_path.read_text()) if port == 0 else None
-        url = match.group(1) if match else f"http://127.0.0.1:{port}" if port else None
-        if url:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    return proc, url
-            except httpx.TransportError:
-                pass
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited: {log_path.read_text()[-3000:]}")
-        time.sleep(0.5)
-    proc.kill()
-    raise AssertionError(f"server did not come up in {timeout_s:.0f}s: {log_path.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
+def test_threads_option_sets_torchs_cpu_threads(tiny_model_dir):
+    before = torch.get_num_threads()
+    eng = Engine(str(tiny_model_dir), context_len=SEQ_LEN, threads=1)
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+        assert torch.get_num_threads() == 1
+    finally:
+        eng.close()
+        torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------- server
 
 
 @pytest.fixture(scope="module")
@@ -218,10 +201,9 @@ def test_concurrent_chat_and_completions(server, tokenizer, tiny_model_dir):
 def test_on_policy_logprobs_equal_the_trainers(server, tiny_model_dir):
     body = {"messages": [{"role": "user", "content": "abcdef"}], "n": 8, "max_tokens": 32, "temperature": 0.7}
     data = post_all(server, [("/v1/chat/completions", body)])[0].json()
-    server_lp, trainer_lp = [], []
-    for choice in data["choices"]:
-        server_lp += [entry["logprob"] for entry in choice["logprobs"]["content"]]
-        trainer_lp.append(reference_logprobs(tiny_model_dir, data["prompt_token_ids"], choice["token_ids"], 0.7))
+    server_lp = [entry["logprob"] for choice in data["choices"] for entry in choice["logprobs"]["content"]]
+    samples = [(data["prompt_token_ids"], choice["token_ids"]) for choice in data["choices"]]
+    trainer_lp = trainer_logprobs(tiny_model_dir, samples, 0.7)
     log_ratio = torch.cat(trainer_lp) - torch.tensor(server_lp, dtype=torch.float32)
     ratio = log_ratio.exp()
     assert float((ratio - log_ratio - 1).mean()) < 1e-6

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from prime_rl.inference.sampling import processed_logprobs, sample
+from prime_rl.inference.sampling import processed_logprobs, sample, sample_rows
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])
 
@@ -49,3 +49,17 @@ def test_sampling_is_seeded_and_follows_the_distribution():
     assert draws == again
     freq = torch.bincount(torch.tensor(draws), minlength=5).float() / len(draws)
     assert torch.allclose(freq, logprobs.exp(), atol=0.04)
+
+
+def test_batched_rows_are_seeded_per_row_and_never_draw_dropped_tokens():
+    logprobs = processed_logprobs(LOGITS.repeat(3, 1), temperature=1.0, top_k=2)
+    assert torch.isinf(logprobs[:, 2:]).all()
+    draws = torch.stack([sample_rows(logprobs, 1.0, [torch.Generator().manual_seed(s + i) for i in range(3)])
+                         for s in range(0, 3000, 3)])
+    assert set(draws.flatten().tolist()) <= {0, 1}  # only the top-k set
+    freq = torch.bincount(draws.flatten(), minlength=5).float() / draws.numel()
+    assert torch.allclose(freq, logprobs[0].exp(), atol=0.04)
+    # A row's draw depends only on its own generator, not on the other rows of the batch.
+    alone = sample(logprobs[1], 1.0, torch.Generator().manual_seed(7))
+    assert int(sample_rows(logprobs, 1.0, [None, torch.Generator().manual_seed(7), None])[1]) == alone
+    assert sample_rows(logprobs, 0.0, [None] * 3).tolist() == [0, 0, 0]

@@ -17,6 +17,7 @@ from prime_rl.inference.config import InferenceConfig
 from prime_rl.inference.vllm.launch import vllm_args
 from prime_rl.inference.vllm.middleware import PrimeRLMiddleware
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
+from prime_rl.utils import embedded_models
 
 
 def test_vllm_args_pass_engine_options_and_prime_rl_hooks():
@@ -34,6 +35,15 @@ def test_vllm_args_pass_engine_options_and_prime_rl_hooks():
     assert pairs["--worker-extension-cls"] == "prime_rl.inference.vllm.worker.WeightDirWorkerExtension"
     assert pairs["--middleware"] == "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"
     assert "--enforce-eager" in args and args[-2:] == ["--max-num-seqs", "8"]
+    assert pairs["--served-model-name"] == "/models/m"
+
+
+def test_vllm_loads_an_embedded_model_from_its_path_and_serves_it_by_name(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setitem(embedded_models.EMBEDDED_MODELS, "tiny-test", tmp_path)
+    args = vllm_args(InferenceConfig.build(overrides={"model": {"name": "tiny-test"}}))
+    pairs = dict(zip(args[2::2], args[3::2], strict=False))
+    assert pairs["--model"] == str(tmp_path) and pairs["--served-model-name"] == "tiny-test"
 
 
 class FakeEngineClient:

@@ -88,3 +88,23 @@ def test_stop_all_kills_grandchildren(tmp_path):
     time.sleep(0.2)
     assert not _alive(child.process.pid)
     assert not _alive(grandchild)
+
+
+def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files(tmp_path):
+    from prime_rl.rl import resume_from
+
+    run = tmp_path / "run"
+    for step, parts in ((2, ("trainer", "orchestrator")), (3, ("trainer", "orchestrator")), (4, ("trainer",))):
+        for part in parts:
+            (run / "checkpoints" / f"step_{step}" / part).mkdir(parents=True)
+    for step in range(6):
+        (run / "rollouts" / f"step_{step}").mkdir(parents=True)
+        (run / "weights" / f"step_{step}").mkdir(parents=True)
+    config = rl_config(tmp_path, "--ckpt.resume-step", "latest")
+    assert resume_from(config) == 3
+    assert config.trainer.ckpt.resume_step == config.orchestrator.ckpt.resume_step == 3
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_0", "step_1", "step_2"]
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_0", "step_1", "step_2", "step_3"]
+    with pytest.raises(ConfigError, match="available: \\[2, 3\\]"):
+        resume_from(rl_config(tmp_path, "--ckpt.resume-step", "4"))
+    assert resume_from(rl_config(tmp_path)) is None

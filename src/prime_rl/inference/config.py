@@ -9,6 +9,11 @@ from pydantic import Field
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.shared import ModelConfig
 
+# Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (httpx: 5 s), so the
+# client always closes first: with equal timeouts a request sent on a connection the server is just closing
+# fails with a connection reset (seen as httpx.ReadError at 256 concurrent requests).
+KEEP_ALIVE_S = 120
+
 
 class BuiltinConfig(BaseConfig):
     """The embedded torch + transformers engine."""
@@ -19,6 +24,8 @@ class BuiltinConfig(BaseConfig):
     """Weights and compute dtype (float32 makes logprobs match the trainer's on CPU)."""
     max_batch_size: Annotated[int, Field(gt=0)] = 64
     """Most sequences decoded together; further requests wait for a free slot."""
+    threads: Annotated[int, Field(gt=0)] | None = 1
+    """Torch CPU threads (torch.set_num_threads; none: one per core); 1 is fastest for tiny models and beside a trainer."""
 
 
 class VLLMConfig(BaseConfig):

@@ -13,9 +13,14 @@ this is exactly the trainer's `log_softmax(logits / T)[token]`.
 T = 0 is greedy decoding: the token is `argmax z` and the reported logprob is that of the
 untempered model, `log_softmax(z)[token]` (the sampled distribution is a point mass, whose
 logprob 0 carries no information; T = 1 is what a trainer would compare it with).
+
+Both functions work on one position `[V]` or a batch of positions `[B, V]` (the engine
+samples all running sequences that share sampling parameters in one call).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -28,7 +33,7 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1
     scaled = logits / temperature
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
-        kth = torch.topk(scaled, top_k).values[-1]
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(scaled, descending=True)
@@ -42,7 +47,22 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1
 
 
 def sample(logprobs: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """Draw one token from `processed_logprobs(...)`; greedy (argmax) when temperature is 0."""
+    """Draw one token from `processed_logprobs(...)` [V]; greedy (argmax) when temperature is 0."""
+    return int(sample_rows(logprobs[None], temperature, [generator])[0])
+
+
+def sample_rows(logprobs: torch.Tensor, temperature: float,
+                generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Draw one token per row of `processed_logprobs(...)` [B, V] (row b from its own generator).
+
+    Inverse-CDF sampling: with u_b ~ U[0, 1) from generator b and c = cumsum(p_b), the token is
+    the smallest k with c_k > u_b * c_V, which has probability p_b[k] (a token outside the kept
+    set, p = 0, never is). One uniform per row keeps seeded rows reproducible whatever else is
+    in the batch, while the O(V) work is one batched op instead of a multinomial per row.
+    """
     if temperature == 0:
-        return int(torch.argmax(logprobs))
-    return int(torch.multinomial(logprobs.exp(), 1, generator=generator))
+        return torch.argmax(logprobs, dim=-1)
+    uniforms = torch.stack([torch.rand((), generator=g) for g in generators]).to(logprobs.device)
+    cdf = torch.cumsum(logprobs.exp(), dim=-1)
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
+    return tokens.clamp(max=logprobs.shape[-1] - 1)  # u * c_V can round up to c_V itself

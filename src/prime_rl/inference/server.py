@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 
 from prime_rl.configs.cli import run_main
-from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.config import KEEP_ALIVE_S, InferenceConfig
 from prime_rl.inference.vllm.launch import exec_vllm, vllm_available
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
@@ -48,13 +48,16 @@ def serve_builtin(config: InferenceConfig) -> None:
     log = setup_logging("inference")
     sock = bind(config.host, config.port)  # before loading: a busy port fails fast
     b = config.builtin
-    engine = Engine(config.model.name, context_len=config.seq_len, seed=config.seed, device=b.device, dtype=b.dtype,
-                    max_batch_size=b.max_batch_size, trust_remote_code=config.model.trust_remote_code)
+    engine = Engine(config.model.path, context_len=config.seq_len, seed=config.seed, device=b.device, dtype=b.dtype,
+                    max_batch_size=b.max_batch_size, trust_remote_code=config.model.trust_remote_code,
+                    threads=b.threads)
+    # Loaded from `model.path` (an embedded default resolves to its directory); served as `model.name`.
     app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s))
     host, port = sock.getsockname()[:2]
     log.info(f"builtin backend: {config.model.name} on {engine.device}, context {engine.context_len}; "
              f"serving on http://{host}:{port}")
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     try:
         server.run(sockets=[sock])
     finally:

@@ -2,11 +2,144 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import importlib.util
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
+from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.loss import import_loss_function
 from prime_rl.configs.shared import CkptConfig, RunConfig
+from prime_rl.orchestrator.envs import ENVIRONMENTS, load_env
+from prime_rl.utils.errors import UserError
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class ClientConfig(BaseConfig):
+    """How the orchestrator talks to the inference server."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI API root of the inference server (the `rl` launcher sets it)."""
+    timeout_s: PositiveFloat = 600.0
+    """Longest one request (or weight update) may take before the run fails."""
+    connect_timeout_s: PositiveFloat = 60.0
+    """How long to keep retrying an unreachable server before the run fails."""
+    max_concurrency: Annotated[int, Field(gt=0)] = 64
+    """Most requests in flight at once (each asks for rollouts_per_example completions)."""
+
+
+class EnvConfig(BaseConfig):
+    """One environment to sample prompts from (`[[orchestrator.env]]`, repeat to mix)."""
+
+    id: str = "reverse-text"
+    """Environment id: a built-in (reverse-text, alphabet-sort, arithmetic), 'pkg.module:Class', or a verifiers environment."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment (e.g. {min_len = 5, max_len = 12})."""
+    weight: PositiveFloat = 1.0
+    """Relative probability that a prompt is drawn from this environment."""
+    name: str | None = None
+    """Name in metrics (reward/<name>/...); default: the id. Must be unique."""
+
+    @property
+    def metric_name(self) -> str:
+        return self.name or self.id
+
+    @model_validator(mode="after")
+    def _loadable(self) -> EnvConfig:
+        # Built-ins are cheap to build, so bad ids and args fail at config time (before `rl`
+        # starts anything). Other ids go to `verifiers` and are checked when the run starts.
+        if self.id in ENVIRONMENTS or ":" in self.id:
+            try:
+                load_env(self.id, **self.args)
+            except UserError as exc:
+                raise ValueError(str(exc)) from None
+        elif importlib.util.find_spec("verifiers") is None:
+            raise ValueError(
+                f"unknown environment '{self.id}' (known: {', '.join(sorted(ENVIRONMENTS))}; "
+                "other ids need the 'verifiers' extra installed)"
+            )
+        return self
+
+
+class SamplingConfig(BaseConfig):
+    """Sampling parameters of training rollouts."""
+
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    """Sampling temperature (the trainer divides logits by it too)."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling mass (keep 1.0 for RL: the trainer does not truncate)."""
+    max_tokens: Annotated[int, Field(gt=0)] = 128
+    """Most completion tokens per rollout."""
+
+
+class GrpoAdvantageConfig(BaseConfig):
+    """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within each group (sample std)."""
+
+    type: Literal["grpo"] = "grpo"
+    std_normalize: bool = True
+    """Divide by the group's standard deviation (false: Dr. GRPO's plain r - mean)."""
+
+
+class DrGrpoAdvantageConfig(BaseConfig):
+    """Dr. GRPO: A_i = r_i - mean(r) within each group."""
+
+    type: Literal["dr_grpo"] = "dr_grpo"
+
+
+class RlooAdvantageConfig(BaseConfig):
+    """RLOO: A_i = r_i - mean_{j != i} r_j (leave-one-out baseline) within each group."""
+
+    type: Literal["rloo"] = "rloo"
+
+
+class RppBaselineAdvantageConfig(BaseConfig):
+    """REINFORCE++-baseline: a_i = r_i - mean(r) within each group, then whitened over the whole batch."""
+
+    type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"
+
+
+class CustomAdvantageConfig(BaseConfig):
+    """A user function fn(rewards [groups, rollouts], **kwargs) -> advantages [groups, rollouts]."""
+
+    type: Literal["custom"] = "custom"
+    import_path: str
+    """'pkg.module:function' or 'pkg.module.function'."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to the function."""
+
+    @field_validator("import_path")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        import_loss_function(value)  # same import rules (and errors) as custom losses
+        return value
+
+
+AdvantageConfig = Annotated[
+    GrpoAdvantageConfig
+    | DrGrpoAdvantageConfig
+    | RlooAdvantageConfig
+    | RppBaselineAdvantageConfig
+    | CustomAdvantageConfig,
+    Field(discriminator="type"),
+]
+
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+class EvalConfig(BaseConfig):
+    """Periodic evaluation on a fixed set of examples per environment."""
+
+    interval: Annotated[int, Field(gt=0)] | None = None
+    """Evaluate every this many steps (at steps 0, interval, ...); none: never."""
+    num_examples: Annotated[int, Field(gt=0)] = 32
+    """Examples per environment (the same ones every time)."""
+    rollouts: Annotated[int, Field(gt=0)] = 1
+    """Completions per example: k of pass@k."""
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    """Sampling temperature (0: greedy)."""
+    success_threshold: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """A completion counts as solved for pass@k when its reward is at least this."""
 
 
 class OrchestratorConfig(RunConfig):
@@ -18,3 +151,50 @@ class OrchestratorConfig(RunConfig):
     """Rollouts of step n may use weights of step m only if n - m <= this (0: on-policy)."""
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     """Checkpointing and resume."""
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    """The inference server connection."""
+    trainer_world_size: Annotated[int, Field(ge=1)] = 1
+    """Number of trainer ranks: one batch file per rank (the `rl` launcher sets it)."""
+    env: list[EnvConfig] = Field(default_factory=lambda: [EnvConfig()], min_length=1)
+    """Environments to sample from ([[orchestrator.env]] tables)."""
+    batch_size: Annotated[int, Field(gt=0)] = 64
+    """Rollouts (samples) per step; batch_size / rollouts_per_example prompts."""
+    rollouts_per_example: Annotated[int, Field(gt=0)] = 8
+    """Completions per prompt (the group of group-relative advantages)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling of training rollouts."""
+    advantage: AdvantageConfig = Field(default_factory=GrpoAdvantageConfig)
+    """How rewards become advantages (see docs/orchestrator.md)."""
+    normalize_advantages: bool = False
+    """Whiten the final advantages over the whole batch: (A - mean) / (std + eps)."""
+    filter_zero_advantage: bool = False
+    """Drop groups whose advantages are all zero (they carry no learning signal)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop zero-advantage groups and draw more prompts until the batch is full again."""
+    dynamic_sampling_max_rounds: Annotated[int, Field(ge=0)] = 4
+    """Most extra sampling rounds per step under dynamic_sampling (then train on what there is)."""
+    mask_truncated: bool = False
+    """Exclude completions cut off by max_tokens from the loss (their loss_mask is false)."""
+    truncated_reward: float | None = None
+    """If set, the reward given to a truncated completion instead of its environment reward (a penalty)."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Periodic evaluation."""
+    weights_timeout_s: PositiveFloat = 900.0
+    """Longest to wait for the trainer's weights/step_N before failing."""
+
+    @model_validator(mode="after")
+    def _check(self) -> OrchestratorConfig:
+        if self.batch_size % self.rollouts_per_example:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by rollouts_per_example ({self.rollouts_per_example})"
+            )
+        if self.advantage.type in GROUP_ADVANTAGES and self.rollouts_per_example < 2:
+            raise ValueError(
+                f"advantage type '{self.advantage.type}' compares rollouts of one prompt: "
+                "rollouts_per_example must be >= 2"
+            )
+        names = [e.metric_name for e in self.env]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"environment names must be unique, repeated: {', '.join(duplicates)} (set env[].name)")
+        return self

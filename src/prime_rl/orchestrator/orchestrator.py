@@ -1,11 +1,213 @@
-"""`orchestrator` entrypoint (not implemented yet: it validates its config and says so)."""
+"""`orchestrator` entrypoint: the async rollout loop.
+
+    orchestrator @ orchestrator.toml [--key value ...]
+    python -m prime_rl.orchestrator.orchestrator @ orchestrator.toml
+
+For n in start .. max_steps - 1:
+  1. make the server serve weights m >= n - max_async_level (wait for the trainer's
+     `weights/step_m/`, POST /update_weights); step 0's weights are the initial model;
+  2. every `eval.interval` steps, evaluate on a fixed example set;
+  3. draw batch_size / rollouts_per_example examples, get rollouts_per_example
+     completions each, score them, compute advantages, drop zero-advantage groups if
+     asked (dynamic sampling draws more, up to a cap);
+  4. pack and write `rollouts/step_n/` (atomically), log metrics, checkpoint.
+Writing step n and moving on to n + 1 is what overlaps generation with the trainer's step n.
+"""
 
 from __future__ import annotations
 
-from prime_rl.configs.cli import fail, parse_config
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from prime_rl.configs.cli import run_main
+from prime_rl.monitor import Monitor
+from prime_rl.orchestrator.advantage import compute_advantages, zero_groups
+from prime_rl.orchestrator.batch import Sample, pack_batch
+from prime_rl.orchestrator.ckpt import (
+    OrchestratorState,
+    load_state,
+    resolve_resume_step,
+    rng_from_json,
+    rng_to_json,
+    save_state,
+)
+from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.config import OrchestratorConfig
+from prime_rl.orchestrator.envs import load_env
+from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
+from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
+from prime_rl.orchestrator.weight_sync import WeightSync
+from prime_rl.trainer.weights import list_steps
+from prime_rl.utils.batch_format import step_dir, write_step
+from prime_rl.utils.logging import get_logger, setup_logging
+
+EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
+CONSOLE_KEYS = ("reward/mean", "advantage/std", "rollout/filtered_frac", "async/policy_lag_mean", "perf/step_time_s")
+
+log = get_logger("orchestrator")
+
+
+def rewards_tensor(groups: list[Group], n: int) -> torch.Tensor:
+    """Rewards as [groups, n] (n = completions per group; also for no groups)."""
+    return torch.tensor([g.rewards for g in groups], dtype=torch.float32).reshape(len(groups), n)
+
+
+class Orchestrator:
+    def __init__(self, config: OrchestratorConfig, client: InferenceClient, state: OrchestratorState):
+        self.config = config
+        self.client = client
+        self.state = state
+        rng = rng_from_json(state.rng_state) if state.rng_state is not None else None
+        self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
+        self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
+                               trusted_upto=state.step)
+        self.eval_draws = self._eval_draws() if config.eval.interval else []
+        self.generation_s = 0.0
+        self.generated_tokens = 0
+
+    def _eval_draws(self) -> list[Draw]:
+        draws = []
+        for i, env_config in enumerate(self.config.env):
+            env = load_env(env_config.id, **env_config.args)
+            examples = env.examples(seed=self.config.seed + EVAL_SEED_OFFSET + i)
+            draws += [Draw(env_config.metric_name, env, next(examples)) for _ in range(self.config.eval.num_examples)]
+        return draws
+
+    async def _generate(self, draws: list[Draw], step: int, first_index: int) -> list[Group]:
+        s = self.config.sampling
+        seeds = [request_seed(self.config.seed, step, first_index + i) for i in range(len(draws))]
+        start = time.monotonic()
+        groups = await generate_groups(self.client, draws, self.config.rollouts_per_example, s.temperature, s.top_p,
+                                       s.max_tokens, seeds, self.config.truncated_reward)
+        self.generation_s += time.monotonic() - start
+        self.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.result.completions)
+        return groups
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        e = self.config.eval
+        seeds = [request_seed(self.config.seed + EVAL_SEED_OFFSET, 0, i) for i in range(len(self.eval_draws))]
+        groups = await generate_groups(self.client, self.eval_draws, e.rollouts, e.temperature, 1.0,
+                                       self.config.sampling.max_tokens, seeds)
+        metrics = eval_metrics(groups, e.success_threshold)
+        log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+        return metrics
+
+    async def collect(self, step: int) -> tuple[list[Group], list[Group]]:
+        """(all generated groups, the groups that train), with dynamic sampling's extra rounds."""
+        c = self.config
+        needed = c.batch_size // c.rollouts_per_example
+        groups = await self._generate(self.source.draw(needed), step, 0)
+        filtering = c.filter_zero_advantage or c.dynamic_sampling
+        rounds = 0
+        while True:
+            informative = ~zero_groups(compute_advantages(c.advantage, rewards_tensor(groups, c.rollouts_per_example)))
+            kept = [g for g, keep in zip(groups, informative.tolist(), strict=True) if keep or not filtering]
+            missing = needed - len(kept)
+            if not c.dynamic_sampling or missing <= 0 or rounds >= c.dynamic_sampling_max_rounds:
+                break
+            rounds += 1
+            groups += await self._generate(self.source.draw(missing), step, len(groups))
+        if rounds and missing > 0:
+            log.warning(f"step {step}: dynamic sampling stopped after {rounds} extra rounds with {len(kept)}/{needed} "
+                        "informative groups")
+        return groups, kept[:needed]
+
+    def samples(self, groups: list[Group], advantages: torch.Tensor) -> list[Sample]:
+        samples = []
+        for group, row in zip(groups, advantages.tolist(), strict=True):
+            for completion, advantage in zip(group.result.completions, row, strict=True):
+                train = not (self.config.mask_truncated and completion.truncated)
+                sample = Sample(group.result.prompt_token_ids, completion.token_ids, completion.logprobs, advantage,
+                                group.result.weight_step, train)
+                if len(sample) > self.config.seq_len:
+                    log.warning(f"a rollout of {len(sample)} tokens is cut to seq_len {self.config.seq_len}")
+                    sample = sample.truncate(self.config.seq_len)
+                samples.append(sample)
+        return samples
+
+    async def step(self, step: int) -> dict[str, float]:
+        c = self.config
+        start = time.monotonic()
+        self.generation_s, self.generated_tokens = 0.0, 0
+        metrics = {"perf/wait_for_weights_s": await self.sync.ensure(step)}
+        if c.eval.interval and step % c.eval.interval == 0:
+            metrics |= await self.evaluate(step)
+        groups, kept = await self.collect(step)
+        advantages = compute_advantages(c.advantage, rewards_tensor(kept, c.rollouts_per_example), c.normalize_advantages)
+        if not kept:
+            log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
+        batches = pack_batch(self.samples(kept, advantages), c.seq_len, c.trainer_world_size, step,
+                             c.sampling.temperature, c.sampling.max_tokens)
+        write_step(c.output_dir, step, batches)
+        total = sum(len(g.rewards) for g in groups)
+        metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
+        metrics |= {
+            "rollout/filtered_frac": 1 - sum(len(g.rewards) for g in kept) / total,
+            "rollout/num_samples": float(sum(len(g.rewards) for g in kept)),
+            "rollout/micro_batches_per_rank": float(len(batches[0].micro_batches)),
+            "perf/inference_tokens_per_s": self.generated_tokens / max(self.generation_s, 1e-9),
+            "perf/step_time_s": time.monotonic() - start,
+        }
+        return metrics
+
+    def checkpoint(self, next_step: int) -> None:
+        self.state = OrchestratorState(next_step, dict(self.source.cursors), rng_to_json(self.source.rng))
+        # The orchestrator runs up to max_async_level + 1 steps ahead of the trainer, so it keeps that many
+        # more (tiny) checkpoints: the newest trainer checkpoint always has its orchestrator partner.
+        keep = self.config.ckpt.keep
+        save_state(self.config.output_dir, self.state, keep + self.config.max_async_level + 1 if keep else None)
+
+
+def drop_stale_rollouts(output_dir: Path, start: int) -> None:
+    """On resume, batches at or after the resume step came from the previous run: remove them."""
+    rollouts = Path(output_dir) / "rollouts"
+    for step in list_steps(rollouts):
+        if step >= start:
+            shutil.rmtree(step_dir(output_dir, step), ignore_errors=True)
+
+
+async def run(config: OrchestratorConfig) -> None:
+    resume = resolve_resume_step(config.output_dir, config.ckpt)
+    state = load_state(config.output_dir, resume) if resume is not None else OrchestratorState()
+    if resume is not None:
+        drop_stale_rollouts(config.output_dir, state.step)
+        log.info(f"resuming from checkpoint step {resume}")
+    monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config.model_dump(mode="json"),
+                      console_keys=CONSOLE_KEYS)
+    try:
+        async with InferenceClient(config.client) as client:
+            model = await client.wait_ready()
+            log.info(f"inference server {client.root} serves {model}")
+            orch = Orchestrator(config, client, state)
+            await orch.sync.align(config.model.path)
+            interval = config.ckpt.interval
+            for step in range(state.step, config.max_steps):
+                metrics = await orch.step(step)
+                monitor.log(metrics, step)
+                log.info(
+                    f"step {step}: reward {metrics['reward/mean']:.3f}, lag {metrics['async/policy_lag_mean']:.2f}, "
+                    f"{metrics['perf/step_time_s']:.2f}s (waited {metrics['perf/wait_for_weights_s']:.2f}s for weights)"
+                )
+                done = step + 1
+                if (interval and done % interval == 0) or done == config.max_steps:
+                    orch.checkpoint(done)
+    finally:
+        monitor.close()
+    log.info(f"done: wrote rollouts for steps {state.step}..{config.max_steps - 1}")
+
+
+def body(config: OrchestratorConfig) -> None:
+    setup_logging("orchestrator", config.output_dir)
+    asyncio.run(run(config))
 
 
 def main(argv: list[str] | None = None) -> None:
-    parse_config(OrchestratorConfig, argv)
-    fail("the orchestrator is not implemented yet (use --dry-run to check a config)", 3)
+    run_main(OrchestratorConfig, body, argv)
+
+
+if __name__ == "__main__":
+    main()

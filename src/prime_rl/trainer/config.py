@@ -84,3 +84,5 @@ class TrainerConfig(RunConfig):
     """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
     batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     """How long to wait for a rollout batch rollouts/step_N/ before giving up."""
+    num_processes: Annotated[int, Field(ge=1)] = 1
+    """Trainer ranks: `rl` runs `torchrun --nproc-per-node num_processes` when > 1 (one GPU each, or CPU/gloo)."""

@@ -29,8 +29,8 @@ def resolve_dtype(options: TrainerModelOptions, device: torch.device) -> torch.d
 
 
 def load_tokenizer(model: ModelConfig, init: ModelInitConfig | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer of `model.name`, or of the random-init section (`'char'` = built-in)."""
-    source = init.tokenizer if init is not None else model.name
+    """The tokenizer of `model.path`, or of the random-init section (`'char'` = built-in)."""
+    source = init.tokenizer if init is not None else model.path
     if source == "char":
         from prime_rl.utils.char_tokenizer import build_char_tokenizer
 
@@ -56,8 +56,16 @@ def _init_config(init: ModelInitConfig, tokenizer: PreTrainedTokenizerBase, trus
                 config = AutoConfig.from_pretrained(init.config, trust_remote_code=trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise UserError(f"cannot load model config {init.config!r}: {exc}") from None
-    for key, value in init.overrides.items():
-        setattr(config, key, value)
+    if init.overrides:
+        # Rebuilt from a dict (not setattr) so derived fields follow, e.g. Qwen3's per-layer `layer_types`.
+        data = config.to_dict()
+        if "num_hidden_layers" in init.overrides and "layer_types" not in init.overrides:
+            data.pop("layer_types", None)
+        data.update(init.overrides)
+        try:
+            config = type(config).from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"init.overrides do not make a valid {type(config).__name__}: {exc}") from None
     if config.vocab_size < len(tokenizer):
         raise UserError(f"model vocab_size {config.vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
     return config
@@ -71,7 +79,7 @@ def load_model(
     tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int = 0,
 ) -> nn.Module:
-    """Load `model.name` (or build `init`'s architecture with random weights, seeded) on `device`.
+    """Load `model.path` (or build `init`'s architecture with random weights, seeded) on `device`.
 
     Parameters are kept in `options.dtype` (float32 on CPU); on GPU FSDP's mixed precision
     policy then computes in bfloat16 while the optimizer updates float32 master weights.
@@ -81,17 +89,17 @@ def load_model(
     if init is not None:
         config = _init_config(init, tokenizer or load_tokenizer(model, init), model.trust_remote_code)
         torch.manual_seed(seed)
-        with device:
-            net = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code, **kwargs)
+        net = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code, **kwargs)
     else:
         try:
             net = AutoModelForCausalLM.from_pretrained(
-                model.name, trust_remote_code=model.trust_remote_code, device_map=str(device), **kwargs
+                model.path, trust_remote_code=model.trust_remote_code, **kwargs
             )
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot load model {model.name!r}: {exc}") from None
     net.config.use_cache = False
-    return net
+    # Moved after loading: `device_map` / a device context would need the `accelerate` package.
+    return net.to(device)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -139,29 +147,52 @@ def packed_attention_mask(sample_lens: torch.Tensor, device: torch.device) -> to
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
                    sample_lens: torch.Tensor) -> torch.Tensor:
     """Logits [T, V] of one packed row (float32)."""
-    device = input_ids.device
-    mask = None
-    if getattr(model.config, "_attn_implementation", None) != "flash_attention_2":
-        mask = packed_attention_mask(sample_lens, device)
-    out = model(input_ids=input_ids[None], position_ids=position_ids[None], attention_mask=mask, use_cache=False)
-    return out.logits[0].float()
+    return forward_rows_logits(model, [(input_ids, position_ids, sample_lens)])[0]
+
+
+def forward_rows_logits(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                        pad_id: int = 0) -> list[torch.Tensor]:
+    """Logits [T_i, V] (float32) of several packed rows `(input_ids, position_ids, sample_lens)` in one forward.
+
+    Rows are right-padded to the longest; the padding forms its own segment of the
+    block-diagonal mask, so it is invisible to the real tokens (and never fully masked).
+    """
+    device = rows[0][0].device
+    width = max(int(r[0].numel()) for r in rows)
+    flash = getattr(model.config, "_attn_implementation", None) == "flash_attention_2"
+    if flash and len(rows) > 1:
+        raise ValueError("flash_attention_2 takes one packed row per forward")
+    ids, pos, masks = [], [], []
+    for input_ids, position_ids, sample_lens in rows:
+        extra = width - int(input_ids.numel())
+        ids.append(torch.cat([input_ids, input_ids.new_full((extra,), pad_id)]))
+        pos.append(torch.cat([position_ids, torch.arange(extra, device=device)]))
+        if not flash:
+            lens = torch.cat([sample_lens.to(device), sample_lens.new_tensor([extra]).to(device)]) if extra else sample_lens
+            masks.append(packed_attention_mask(lens, device))
+    mask = torch.cat(masks) if masks else None
+    out = model(input_ids=torch.stack(ids), position_ids=torch.stack(pos), attention_mask=mask, use_cache=False)
+    logits = out.logits.float()
+    return [logits[i, : int(r[0].numel())] for i, r in enumerate(rows)]
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                   temperature: float = 1.0, entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs and entropies of a packed row from its logits [T, V].
 
     lp[t] = log_softmax(logits[t-1] / T)[input_ids[t]],  H[t] = -sum_v p_v log p_v of that same
     distribution. Both are 0 where nothing predicts token t: t = 0 and every sample's first
-    token (position id 0), whose logits row belongs to the previous sample.
+    token (position id 0), whose logits row belongs to the previous sample. With
+    `entropies=False` the entropy (a second pass over the vocabulary) is skipped and None.
     """
     logp = torch.log_softmax(logits[:-1] / temperature, dim=-1)
     lp = logp.gather(-1, input_ids[1:, None]).squeeze(-1)
-    ent = -(logp.exp() * logp).sum(-1)
-    zero = logits.new_zeros(1)
-    lp, ent = torch.cat([zero, lp]), torch.cat([zero, ent])
     starts = position_ids == 0
-    return lp.masked_fill(starts, 0.0), ent.masked_fill(starts, 0.0)
+    lp = torch.cat([logits.new_zeros(1), lp]).masked_fill(starts, 0.0)
+    if not entropies:
+        return lp, None
+    ent = torch.cat([logits.new_zeros(1), -(logp.exp() * logp).sum(-1)])
+    return lp, ent.masked_fill(starts, 0.0)
 
 
 def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -171,7 +202,14 @@ def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     See `token_logprobs` for the math. Tensors may live on any device; results are float32
     on the model's device. Gradients flow unless called under `torch.no_grad()`.
     """
+    return compute_rows_logprobs(model, [(input_ids, position_ids, sample_lens)], temperature)[0]
+
+
+def compute_rows_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                          temperature: float = 1.0, pad_id: int = 0,
+                          entropies: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """`compute_logprobs` of several packed rows `(input_ids, position_ids, sample_lens)` in one forward."""
     device = next(model.parameters()).device
-    input_ids, position_ids = input_ids.to(device), position_ids.to(device)
-    logits = forward_logits(model, input_ids, position_ids, sample_lens)
-    return token_logprobs(logits, input_ids, position_ids, temperature)
+    rows = [(ids.to(device), pos.to(device), lens.to(device)) for ids, pos, lens in rows]
+    logits = forward_rows_logits(model, rows, pad_id)
+    return [token_logprobs(lg, ids, pos, temperature, entropies) for lg, (ids, pos, _) in zip(logits, rows, strict=True)]

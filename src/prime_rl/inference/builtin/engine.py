@@ -25,7 +25,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from prime_rl.inference.sampling import processed_logprobs, sample
+from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 
@@ -93,7 +93,12 @@ class Engine:
     """Generates completions for many concurrent requests on one model."""
 
     def __init__(self, model_path: str, *, context_len: int, seed: int = 0, device: str = "auto",
-                 dtype: str = "float32", max_batch_size: int = 64, trust_remote_code: bool = False):
+                 dtype: str = "float32", max_batch_size: int = 64, trust_remote_code: bool = False,
+                 threads: int | None = None):
+        if threads is not None:
+            # Process-wide. Small matmuls gain nothing from more threads, and OpenMP threads spinning on
+            # cores the trainer also uses slowed a tiny model's decode step 10-20x (docs/benchmarks.md).
+            torch.set_num_threads(threads)
         self.device = pick_device(device)
         self.dtype = getattr(torch, dtype)
         self.trust_remote_code = trust_remote_code
@@ -246,15 +251,23 @@ class Engine:
         return out.logits[:, -1].float().cpu()
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
-        tokens = []
-        for seq, row in zip(seqs, logits, strict=True):
+        """Sample the next token of every row; rows with the same sampling parameters in one batched call."""
+        groups: dict[tuple, list[int]] = {}
+        for row, seq in enumerate(seqs):
             p = seq.request.params
-            logprobs = processed_logprobs(row, p.temperature, p.top_k, p.top_p)
-            token = sample(logprobs, p.temperature, seq.generator)
+            groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(row)
+        tokens = torch.empty(len(seqs), dtype=torch.long)
+        chosen = torch.empty(len(seqs), dtype=torch.float32)
+        for (temperature, top_k, top_p), rows in groups.items():
+            index = torch.tensor(rows)
+            logprobs = processed_logprobs(logits[index], temperature, top_k, top_p)
+            group_tokens = sample_rows(logprobs, temperature, [seqs[row].generator for row in rows])
+            tokens[index] = group_tokens
+            chosen[index] = logprobs.gather(1, group_tokens[:, None])[:, 0]
+        for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist(), strict=True):
             seq.token_ids.append(token)
-            seq.logprobs.append(float(logprobs[token]))
-            tokens.append(token)
-        return torch.tensor(tokens, dtype=torch.long)
+            seq.logprobs.append(logprob)
+        return tokens
 
     def _merge(self, seqs: list[_Seq], cache: DynamicCache, mask: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Append new rows (their cache, mask and pending tokens) to the running batch."""

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import sys
 
-from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.config import KEEP_ALIVE_S, InferenceConfig
 from prime_rl.inference.vllm.middleware import TIMEOUT_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
@@ -28,7 +28,8 @@ def vllm_args(config: InferenceConfig) -> list[str]:
     v = config.vllm
     args = [
         "-m", "vllm.entrypoints.openai.api_server",
-        "--model", config.model.name,
+        "--model", config.model.path,
+        "--served-model-name", config.model.name,  # clients ask for `name`, whatever directory it resolves to
         "--host", config.host,
         "--port", str(config.port),
         "--seed", str(config.seed),
@@ -56,6 +57,7 @@ def exec_vllm(config: InferenceConfig) -> None:
     if config.port == 0:
         raise UserError("backend 'vllm' needs an explicit port (port = 0 is only supported by the builtin backend)")
     os.environ[TIMEOUT_ENV] = str(config.update_timeout_s)
+    os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))  # see KEEP_ALIVE_S
     argv = [sys.executable, *vllm_args(config)]
     sys.stdout.flush()
     sys.stderr.flush()

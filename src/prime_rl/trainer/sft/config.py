@@ -2,10 +2,50 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Annotated, Any
 
+from pydantic import Field, model_validator
+
+from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.shared import CkptConfig, RunConfig
-from prime_rl.trainer.config import OptimConfig, SchedulerConfig, TrainerModelOptions
+from prime_rl.trainer.config import ModelInitConfig, OptimConfig, SchedulerConfig, TrainerModelOptions
+
+
+class SFTDataConfig(BaseConfig):
+    """Where the supervised examples come from: a local JSONL file or a built-in environment (exactly one)."""
+
+    path: Path | None = None
+    """JSONL file; each line has `messages` (chat) or `prompt` + `completion` (strings or message lists)."""
+    env: str | None = None
+    """Environment id whose examples (prompt + reference answer) are the data, e.g. 'reverse-text'."""
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment (e.g. {min_len = 5, max_len = 12})."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SFTDataConfig:
+        if (self.path is None) == (self.env is None):
+            raise ValueError("set exactly one of data.path (a JSONL file) or data.env (an environment id)")
+        if self.env is not None:
+            from prime_rl.orchestrator.envs import load_env
+            from prime_rl.utils.errors import UserError
+
+            try:  # unknown ids and bad arguments fail at config time, before the model loads
+                load_env(self.env, **self.env_args)
+            except UserError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+
+class SFTEvalConfig(BaseConfig):
+    """Greedy evaluation on held-out environment examples (needs data.env)."""
+
+    interval: Annotated[int, Field(ge=1)] | None = None
+    """Evaluate every this many steps and at the end (none: never)."""
+    num_examples: Annotated[int, Field(ge=1)] = 64
+    """Examples per evaluation (drawn with a seed different from the training stream)."""
+    max_new_tokens: Annotated[int, Field(ge=1)] = 32
+    """Generation budget per example."""
 
 
 class SFTConfig(RunConfig):
@@ -13,7 +53,15 @@ class SFTConfig(RunConfig):
 
     command = "sft"
 
-    optim: OptimConfig = Field(default_factory=OptimConfig)
+    data: SFTDataConfig = Field(default_factory=lambda: SFTDataConfig(env="reverse-text"))
+    """Training data."""
+    init: ModelInitConfig | None = None
+    """Start from a randomly initialised architecture instead of model.name's weights (no download)."""
+    batch_size: Annotated[int, Field(ge=1)] = 64
+    """Samples per optimizer step (over all ranks), packed into rows of at most seq_len tokens."""
+    micro_batch_rows: Annotated[int, Field(ge=1)] = 16
+    """Packed rows per forward/backward (more is faster on small models, uses more memory)."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-3))
     """Optimizer."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     """Learning-rate schedule."""
@@ -21,3 +69,15 @@ class SFTConfig(RunConfig):
     """Checkpointing and resume."""
     runtime: TrainerModelOptions = Field(default_factory=TrainerModelOptions)
     """dtype, attention kernel, activation checkpointing, compile."""
+    weights_interval: Annotated[int, Field(ge=1)] | None = None
+    """Write weights/step_N every this many steps (always at the end); none: only at the end."""
+    keep_weights: Annotated[int, Field(ge=1)] | None = 3
+    """Keep only the newest this many weights/step_N directories (none: keep all)."""
+    eval: SFTEvalConfig = Field(default_factory=SFTEvalConfig)
+    """Optional greedy evaluation (metric eval/reward)."""
+
+    @model_validator(mode="after")
+    def _eval_needs_env(self) -> SFTConfig:
+        if self.eval.interval is not None and self.data.env is None:
+            raise ValueError("eval.interval needs data.env (evaluation scores greedy answers with the environment)")
+        return self

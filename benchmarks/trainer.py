@@ -1,0 +1,117 @@
+"""Throughput of the RL trainer step: tokens/s (and MFU on GPU) of `prime_rl.trainer.rl.train`.
+
+    uv run python benchmarks/trainer.py                  # CPU: tiny (0.8M) and 50m presets
+    uv run python benchmarks/trainer.py --preset 0.5b    # GPU: ~0.6B Qwen3 architecture, MFU
+    uv run python benchmarks/trainer.py --preset tiny --steps 6 --micro-batches 8
+
+Each preset writes a randomly initialised Qwen3-architecture model (char tokenizer; the
+vocabulary is padded to the preset's size so the LM head costs what it would in a real
+model) and synthetic rollout batches (`prime_rl.trainer.synthetic`) into a temporary
+run directory, runs the real trainer in-process for `--steps` steps, and reports the
+median over the steps after the first (warm-up) of `perf/step_time_s`,
+`perf/tokens_per_s` and `perf/mfu` as the trainer itself logged them. Tokens are all
+tokens of the packed rows (prompt + completion), forward + backward + optimizer step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from prime_rl.trainer.config import TrainerConfig
+from prime_rl.trainer.perf import num_parameters
+from prime_rl.trainer.rl.train import train
+from prime_rl.trainer.synthetic import random_step, write_random_step
+from prime_rl.utils.char_tokenizer import build_char_tokenizer
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    samples: int  # per micro-batch (packed row)
+    prompt_len: int
+    completion_len: int
+    micro_batches: int
+
+
+PRESETS = {
+    # The embedded reverse-text model (hidden 128, 4 layers, char vocabulary).
+    "tiny": Preset(128, 4, 4, 2, 384, 99, 8, 24, 40, 4),
+    # ~50M parameters (32k vocabulary).
+    "50m": Preset(512, 10, 8, 4, 1536, 32_000, 4, 64, 64, 2),
+    # Qwen3-0.6B's shape (~0.6B parameters, 152k vocabulary): a GPU benchmark.
+    "0.5b": Preset(1024, 28, 16, 8, 3072, 151_936, 8, 128, 384, 8),
+}
+
+
+def make_model(directory: Path, p: Preset) -> int:
+    tokenizer = build_char_tokenizer()
+    config = Qwen3Config(
+        vocab_size=max(p.vocab, len(tokenizer)), hidden_size=p.hidden, intermediate_size=p.intermediate,
+        num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
+        head_dim=p.hidden // p.heads, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return num_parameters(model)
+
+
+def run_preset(name: str, p: Preset, steps: int, micro_batches: int | None) -> dict:
+    micro = micro_batches or p.micro_batches
+    with tempfile.TemporaryDirectory(prefix=f"bench-trainer-{name}-") as tmp:
+        tmp = Path(tmp)
+        params = make_model(tmp / "model", p)
+        out = tmp / "run"
+        for step in range(steps):
+            write_random_step(out, step, 1, random_step(p.vocab, step, micro, p.samples, p.prompt_len,
+                                                        p.completion_len))
+        config = TrainerConfig.build([], {
+            "model": {"name": str(tmp / "model")}, "output_dir": str(out), "max_steps": steps,
+            "seq_len": p.samples * (p.prompt_len + p.completion_len), "wandb": {"mode": "disabled"},
+            "keep_weights": 1,
+        })
+        train(config)
+        lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    timed = [m for m in lines if m["source"] == "trainer"][1:] or lines
+    result = {
+        "preset": name,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "params_M": round(params / 1e6, 2),
+        "tokens_per_step": micro * p.samples * (p.prompt_len + p.completion_len),
+        "step_time_s": statistics.median(m["perf/step_time_s"] for m in timed),
+        "tokens_per_s": statistics.median(m["perf/tokens_per_s"] for m in timed),
+    }
+    if all("perf/mfu" in m for m in timed):
+        result["mfu"] = statistics.median(m["perf/mfu"] for m in timed)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), action="append",
+                        help="repeatable; default: tiny and 50m on CPU, 0.5b on GPU")
+    parser.add_argument("--steps", type=int, default=4, help="trainer steps per preset (the first is warm-up)")
+    parser.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: preset's)")
+    args = parser.parse_args()
+    presets = args.preset or (["0.5b"] if torch.cuda.is_available() else ["tiny", "50m"])
+    for name in presets:
+        print(json.dumps(run_preset(name, PRESETS[name], max(args.steps, 2), args.micro_batches)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Per-step orchestrator metrics (names documented in docs/metrics.md and docs/orchestrator.md)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from prime_rl.orchestrator.advantage import pass_at_k
+from prime_rl.orchestrator.rollouts import Group
+
+
+def _stats(prefix: str, values: list[float], names: tuple[str, ...] = ("mean", "std", "min", "max")) -> dict:
+    t = torch.tensor(values, dtype=torch.float64) if values else torch.zeros(1, dtype=torch.float64)
+    table = {"mean": t.mean(), "std": t.std(correction=0), "min": t.min(), "max": t.max()}
+    return {f"{prefix}/{name}": float(table[name]) for name in names}
+
+
+def reward_metrics(groups: list[Group]) -> dict[str, float]:
+    """reward/mean|std|min|max over all rollouts; reward/<env>/mean and reward/<env>/<component> per env."""
+    metrics = _stats("reward", [r for g in groups for r in g.rewards])
+    by_env: dict[str, list[float]] = defaultdict(list)
+    components: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for g in groups:
+        by_env[g.env] += g.rewards
+        for parts in g.components:
+            for name, value in parts.items():
+                components[g.env][name].append(value)
+    for env, values in by_env.items():
+        metrics[f"reward/{env}/mean"] = sum(values) / len(values)
+        for name, vals in components[env].items():
+            metrics[f"reward/{env}/{name}"] = sum(vals) / len(vals)
+    return metrics
+
+
+def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
+    """seq_len/*, rollout/truncated_frac and async/policy_lag_* over all generated rollouts."""
+    prompt_lens = [len(g.result.prompt_token_ids) for g in groups for _ in g.result.completions]
+    completion_lens = [len(c.token_ids) for g in groups for c in g.result.completions]
+    truncated = [c.truncated for g in groups for c in g.result.completions]
+    lags = [step - g.result.weight_step for g in groups for _ in g.result.completions]
+    n = max(len(completion_lens), 1)
+    return {
+        "seq_len/prompt_mean": sum(prompt_lens) / n,
+        "seq_len/completion_mean": sum(completion_lens) / n,
+        "seq_len/completion_max": float(max(completion_lens, default=0)),
+        "rollout/truncated_frac": sum(truncated) / n,
+        "async/policy_lag_mean": sum(lags) / n,
+        "async/policy_lag_max": float(max(lags, default=0)),
+    }
+
+
+def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
+    return _stats("advantage", advantages.flatten().tolist(), ("mean", "std"))
+
+
+def eval_metrics(groups: list[Group], threshold: float) -> dict[str, float]:
+    """eval/<env>/reward (mean over all rollouts) and eval/<env>/pass@k (k = eval.rollouts, named literally 'pass@k')."""
+    metrics = {}
+    for env in dict.fromkeys(g.env for g in groups):
+        rows = [g.rewards for g in groups if g.env == env]
+        rewards = torch.tensor(rows, dtype=torch.float64)
+        metrics[f"eval/{env}/reward"] = float(rewards.mean())
+        metrics[f"eval/{env}/pass@k"] = pass_at_k(rewards >= threshold)
+    return metrics

@@ -1,0 +1,186 @@
+"""SFT data: conversations from a JSONL file or an environment, tokenized with the chat
+template (loss mask on assistant tokens only), packed into rows of at most `seq_len` tokens.
+
+Assistant mask: for the i-th message with role `assistant`, the tokens between
+`template(messages[:i], add_generation_prompt=True)` and `template(messages[:i + 1])`
+train, cut after the first end-of-turn (eos) token, so the model learns to stop and not
+the template's trailing newline. This relies on the template rendering a conversation
+as the concatenation of its turns (true for ChatML-style templates); it is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from prime_rl.trainer.sft.config import SFTDataConfig
+from prime_rl.utils.errors import UserError
+
+Messages = list[dict[str, str]]
+
+
+@dataclass
+class Sample:
+    input_ids: list[int]
+    loss_mask: list[bool]
+
+
+@dataclass
+class Row:
+    """One packed row: samples end to end; position ids restart per sample."""
+
+    input_ids: torch.Tensor  # long [T]
+    position_ids: torch.Tensor  # long [T]
+    sample_lens: torch.Tensor  # long [S]
+    loss_mask: torch.Tensor  # bool [T]
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+# ------------------------------------------------------------------------------ sources
+
+
+def _as_messages(value, role: str, where: str) -> Messages:
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return value
+    raise UserError(f"{where}: expected a string or a list of {{role, content}} messages")
+
+
+def record_to_messages(record: dict, where: str) -> Messages:
+    """A JSONL record (`messages`, or `prompt` + `completion`) as one chat conversation."""
+    if "messages" in record:
+        return _as_messages(record["messages"], "user", where)
+    if "prompt" in record and "completion" in record:
+        return _as_messages(record["prompt"], "user", where) + _as_messages(record["completion"], "assistant", where)
+    raise UserError(f"{where}: a record needs 'messages' or 'prompt' and 'completion' (got keys {sorted(record)})")
+
+
+def read_jsonl(path: Path) -> list[Messages]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"SFT data file {path} does not exist")
+    conversations = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        conversations.append(record_to_messages(record, f"{path}:{number}"))
+    if not conversations:
+        raise UserError(f"SFT data file {path} has no records")
+    return conversations
+
+
+def conversation_stream(config: SFTDataConfig, seed: int) -> Iterator[Messages]:
+    """Infinite, deterministic stream of conversations (the same seed gives the same stream).
+
+    JSONL: epochs over the file, each shuffled with `random.Random(seed + epoch)`.
+    Environment: its examples, with the reference answer as the assistant reply.
+    """
+    if config.path is not None:
+        data = read_jsonl(config.path)
+        epoch = 0
+        while True:
+            order = list(range(len(data)))
+            random.Random(seed + epoch).shuffle(order)
+            yield from (data[i] for i in order)
+            epoch += 1
+    from prime_rl.orchestrator.envs import load_env
+
+    env = load_env(config.env, **config.env_args)
+    for example in env.examples(seed):
+        yield [*example.prompt, {"role": "assistant", "content": example.answer}]
+
+
+def skip(stream: Iterator, n: int) -> Iterator:
+    """`stream` without its first `n` items (resume continues where the run stopped)."""
+    next(islice(stream, n, n), None)
+    return stream
+
+
+# ------------------------------------------------------------------------------ tokenize
+
+
+def _render_ids(tokenizer: PreTrainedTokenizerBase, messages: Messages, generation_prompt: bool) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> Sample:
+    """Token ids of the whole conversation and the mask of the assistant tokens that train."""
+    if tokenizer.chat_template is None:
+        raise UserError("the tokenizer has no chat template; SFT needs one to find the assistant tokens")
+    ids = _render_ids(tokenizer, messages, False)
+    mask = [False] * len(ids)
+    eos = tokenizer.eos_token_id
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prefix = _render_ids(tokenizer, messages[:i], True)
+        start, end = len(prefix), len(_render_ids(tokenizer, messages[: i + 1], False))
+        if ids[:start] != prefix:
+            raise UserError("the chat template does not render a conversation as the concatenation of its turns; "
+                            "cannot locate the assistant tokens")
+        span = ids[start:end]
+        if eos in span:
+            end = start + span.index(eos) + 1
+        mask[start:end] = [True] * (end - start)
+    if not any(mask):
+        raise UserError("an SFT conversation has no assistant message to train on")
+    return Sample(ids, mask)
+
+
+# ------------------------------------------------------------------------------ pack
+
+
+def pack(samples: list[Sample], seq_len: int) -> list[Row]:
+    """Greedy packing in order: a sample joins the current row while it fits, else starts a new one.
+
+    Samples longer than `seq_len` are truncated to it (their tail does not train).
+    """
+    rows: list[list[Sample]] = []
+    used = seq_len  # forces a new row for the first sample
+    for sample in samples:
+        n = min(len(sample.input_ids), seq_len)
+        sample = Sample(sample.input_ids[:n], sample.loss_mask[:n])
+        if used + n > seq_len:
+            rows.append([])
+            used = 0
+        rows[-1].append(sample)
+        used += n
+    return [make_row(row) for row in rows]
+
+
+def make_row(samples: list[Sample]) -> Row:
+    lens = [len(s.input_ids) for s in samples]
+    return Row(
+        input_ids=torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.long),
+        position_ids=torch.cat([torch.arange(n) for n in lens]),
+        sample_lens=torch.tensor(lens, dtype=torch.long),
+        loss_mask=torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.bool),
+    )
+
+
+def padding_row(pad_id: int) -> Row:
+    """A one-token row that trains nothing: ranks with fewer rows run it so every rank does the same forwards."""
+    return make_row([Sample([pad_id], [False])])
+
+
+def rows_for_rank(rows: list[Row], rank: int, world_size: int, pad_id: int) -> list[Row]:
+    """Rows dealt round-robin; every rank gets ceil(len / world_size), padded with empty rows."""
+    per_rank = -(-len(rows) // world_size)
+    mine = rows[rank::world_size]
+    return mine + [padding_row(pad_id) for _ in range(per_rank - len(mine))]

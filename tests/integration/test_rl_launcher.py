@@ -1,0 +1,152 @@
+"""`rl` end to end on a tiny random model: failure of any component, Ctrl-C, resume.
+
+Each test runs the real launcher as a subprocess (inference server, orchestrator and
+trainer as its children) and checks the process tree afterwards: no child may survive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+STEP_TIMEOUT_S = 240
+
+
+def small_run_config(tmp_path: Path, model_dir: Path, max_steps: int, *extra: str) -> list[str]:
+    """A tiny, fast run: 8 samples of at most 8 tokens per step."""
+    return [
+        "--model.name", str(model_dir), "--output-dir", str(tmp_path / "run"), "--max-steps", str(max_steps),
+        "--seq-len", "256", "--orchestrator.batch-size", "8", "--orchestrator.rollouts-per-example", "4",
+        "--orchestrator.sampling.max-tokens", "8", "--wandb.mode", "disabled", *extra,
+    ]
+
+
+def start_rl(args: list[str], log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "prime_rl.rl", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process whose parent chain reaches `pid` (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def alive(pids: set[int]) -> set[int]:
+    live = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.add(pid)
+    return live
+
+
+def trained_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record["source"] == "trainer" and "loss/importance_ratio" in record:
+            steps.append(record["step"])
+    return steps
+
+
+def wait_for_trained_step(proc: subprocess.Popen, run_dir: Path, step: int, log: Path) -> None:
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if step in trained_steps(run_dir):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"rl exited early with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    pytest.fail(f"step {step} not trained within {STEP_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+
+
+MODULES = {
+    "trainer": "prime_rl.trainer.rl.train",
+    "inference": "prime_rl.inference.server",
+    "orchestrator": "prime_rl.orchestrator.orchestrator",
+}
+
+
+@pytest.mark.parametrize("component", ["trainer", "inference", "orchestrator"])
+def test_a_killed_component_stops_the_run_within_15s_without_orphans(component, tmp_path, tiny_model_dir):
+    log = tmp_path / "rl.log"
+    proc = start_rl(small_run_config(tmp_path, tiny_model_dir, 200), log)
+    wait_for_trained_step(proc, tmp_path / "run", 1, log)
+    tree = descendants(proc.pid)
+    victims = [pid for pid in tree if MODULES[component] in cmdline(pid)]
+    assert victims, f"no {component} process among {[cmdline(p) for p in tree]}"
+    os.kill(victims[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"rl still running 15s after the {component} was killed")
+    assert time.monotonic() - killed_at <= 15
+    assert proc.returncode not in (0, None)
+    output = log.read_text()
+    assert f"{component} exited" in output or f"{component} stopped" in output, output[-2000:]
+    assert not alive(tree), [cmdline(p) for p in alive(tree)]
+
+
+def test_ctrl_c_stops_cleanly_and_resume_continues_the_step_numbers(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    log = tmp_path / "rl.log"
+    args = small_run_config(tmp_path, tiny_model_dir, 6, "--ckpt.interval", "1")
+    proc = start_rl(args, log)
+    wait_for_trained_step(proc, run_dir, 2, log)
+    tree = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert "resume-step latest" in log.read_text()
+    assert not alive(tree), [cmdline(p) for p in alive(tree)]
+
+    saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir())
+    assert saved and saved[-1] >= 2
+    resumed_from = saved[-1]
+    before = trained_steps(run_dir)
+
+    log2 = tmp_path / "rl_resume.log"
+    proc = start_rl([*args, "--ckpt.resume-step", "latest"], log2)
+    assert proc.wait(timeout=STEP_TIMEOUT_S * 2) == 0, log2.read_text()[-3000:]
+    after = trained_steps(run_dir)[len(before):]
+    assert after == list(range(resumed_from, 6)), (before, after)
+    assert (run_dir / "metrics.png").exists()

@@ -1,0 +1,106 @@
+"""Advantage math on hand-computed groups."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from prime_rl.orchestrator.advantage import (
+    compute_advantages,
+    dr_grpo,
+    grpo,
+    pass_at_k,
+    reinforce_plus_plus_baseline,
+    rloo,
+    whiten,
+    zero_groups,
+)
+from prime_rl.orchestrator.config import (
+    CustomAdvantageConfig,
+    DrGrpoAdvantageConfig,
+    GrpoAdvantageConfig,
+    RlooAdvantageConfig,
+    RppBaselineAdvantageConfig,
+)
+from prime_rl.utils.errors import PrimeError
+
+REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.0, 0.0]])
+
+
+def close(got, expected):
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float32), atol=1e-5), got
+
+
+def test_grpo_by_hand():
+    # Group 0: mean 0.5, sample std sqrt(4 * 0.25 / 3) = 0.57735 -> +-0.866.
+    # Group 2: mean 0.25, sample std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5 -> 1.5, -0.5.
+    s = 0.5 / math.sqrt(1 / 3)
+    close(grpo(REWARDS), [[s, -s, -s, s], [0, 0, 0, 0], [1.5, -0.5, -0.5, -0.5]])
+    close(grpo(REWARDS, std_normalize=False), [[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0], [0.75, -0.25, -0.25, -0.25]])
+
+
+def test_dr_grpo_is_the_centered_reward():
+    close(dr_grpo(REWARDS), [[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0], [0.75, -0.25, -0.25, -0.25]])
+
+
+def test_rloo_leaves_one_out():
+    # Group 2, rollout 0: 1 - mean(0, 0, 0) = 1; rollout 1: 0 - mean(1, 0, 0) = -1/3.
+    close(rloo(REWARDS), [[2 / 3, -2 / 3, -2 / 3, 2 / 3], [0, 0, 0, 0], [1, -1 / 3, -1 / 3, -1 / 3]])
+    explicit = torch.stack([REWARDS[:, i] - (REWARDS.sum(1) - REWARDS[:, i]) / 3 for i in range(4)], dim=1)
+    close(rloo(REWARDS), explicit.tolist())
+
+
+def test_reinforce_plus_plus_baseline_whitens_the_centered_rewards_over_the_batch():
+    centered = torch.tensor([[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0], [0.75, -0.25, -0.25, -0.25]])
+    # Batch mean of the centered values is 0; population std = sqrt(mean of squares).
+    std = math.sqrt(float((centered**2).mean()))
+    close(reinforce_plus_plus_baseline(REWARDS), (centered / std).tolist())
+    got = reinforce_plus_plus_baseline(REWARDS)
+    assert abs(float(got.mean())) < 1e-6 and abs(float(got.std(correction=0)) - 1) < 1e-4
+
+
+def test_all_equal_rewards_give_zero_advantages_for_every_type():
+    equal = torch.full((2, 4), 0.7)
+    for fn in (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline):
+        assert torch.equal(fn(equal), torch.zeros(2, 4)), fn.__name__
+    assert zero_groups(grpo(REWARDS)).tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("fn", [grpo, dr_grpo, rloo, reinforce_plus_plus_baseline])
+def test_one_rollout_per_example_is_a_clear_error(fn):
+    with pytest.raises(ValueError, match="needs at least 2 rollouts per example"):
+        fn(torch.tensor([[1.0], [0.0]]))
+
+
+def test_compute_advantages_dispatch_and_global_normalisation():
+    close(compute_advantages(DrGrpoAdvantageConfig(), REWARDS), dr_grpo(REWARDS).tolist())
+    close(compute_advantages(RlooAdvantageConfig(), REWARDS), rloo(REWARDS).tolist())
+    close(compute_advantages(GrpoAdvantageConfig(std_normalize=False), REWARDS), dr_grpo(REWARDS).tolist())
+    close(compute_advantages(RppBaselineAdvantageConfig(), REWARDS), reinforce_plus_plus_baseline(REWARDS).tolist())
+    normalized = compute_advantages(GrpoAdvantageConfig(), REWARDS, normalize=True)
+    close(normalized, whiten(grpo(REWARDS)).tolist())
+    assert abs(float(normalized.mean())) < 1e-6
+
+
+def scaled_reward(rewards, scale=1.0):
+    """A custom advantage for the test: the raw reward times a constant."""
+    return rewards * scale
+
+
+def wrong_shape(rewards):
+    return rewards[:, :1]
+
+
+def test_custom_advantage_by_import_path():
+    config = CustomAdvantageConfig(import_path=f"{__name__}:scaled_reward", kwargs={"scale": 2.0})
+    close(compute_advantages(config, REWARDS), (REWARDS * 2).tolist())
+    bad = CustomAdvantageConfig(import_path=f"{__name__}.wrong_shape")
+    with pytest.raises(PrimeError, match=r"returned \(3, 1\), expected a tensor of shape \(3, 4\)"):
+        compute_advantages(bad, REWARDS)
+
+
+def test_pass_at_k():
+    solved = torch.tensor([[True, False], [False, False], [False, True], [False, False]])
+    assert pass_at_k(solved) == 0.5

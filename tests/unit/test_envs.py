@@ -1,0 +1,145 @@
+"""Built-in environments: determinism, prompts/answers, reward functions, registry errors."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import sys
+import types
+
+import pytest
+
+from prime_rl.orchestrator.envs import ENVIRONMENTS, Environment, Example, Reward, load_env
+from prime_rl.orchestrator.envs.rewards import lcs_length, lcs_ratio
+from prime_rl.utils.errors import UserError
+
+
+def score(env: Environment, example: Example, text: str) -> Reward:
+    return asyncio.run(env.score(example, text))
+
+
+def test_lcs_against_hand_computed_values():
+    assert lcs_length("abcde", "ace") == 3
+    assert lcs_length("abc", "") == 0
+    assert lcs_ratio("abcd", "abcd") == 1.0
+    assert lcs_ratio("abcd", "dcba") == pytest.approx(2 * 1 / 8)
+    assert lcs_ratio("abcd", "abxd") == pytest.approx(2 * 3 / 8)
+    assert lcs_ratio("abcd", "abcdzzzz") == pytest.approx(2 * 4 / 12)  # extra characters cost
+    assert lcs_ratio("", "") == 1.0
+
+
+@pytest.mark.parametrize("env_id", sorted(ENVIRONMENTS))
+def test_examples_are_deterministic_and_answers_score_one(env_id):
+    env = load_env(env_id)
+    assert env.id == env_id
+    first = list(itertools.islice(env.examples(seed=3), 20))
+    assert first == list(itertools.islice(env.examples(seed=3), 20))
+    assert first != list(itertools.islice(env.examples(seed=4), 20))
+    for example in first:
+        assert example.prompt[-1]["role"] == "user" and all({"role", "content"} <= set(m) for m in example.prompt)
+        reward = score(env, example, example.answer)
+        assert reward.total == 1.0 and all(0.0 <= v <= 1.0 for v in reward.components.values())
+        assert 0.0 <= score(env, example, "").total < 1.0
+
+
+def test_reverse_text_prompt_answer_and_partial_credit():
+    env = load_env("reverse-text", min_len=5, max_len=12)
+    for example in itertools.islice(env.examples(seed=0), 50):
+        text = example.prompt[-1]["content"]
+        assert 5 <= len(text) <= 12 and text.isalpha() and text.islower()
+        assert example.answer == text[::-1]
+        assert sum(len(m["content"]) for m in example.prompt) <= 12 + 20  # short prompts (char-level tokenizer)
+    example = Example(prompt=[], answer="olleh")
+    assert score(env, example, " olleh\n").total == 1.0  # surrounding whitespace is ignored
+    assert score(env, example, "hello").total == pytest.approx(2 * 2 / 10)  # LCS("olleh", "hello") = "ll"
+    assert score(env, example, "olleX").components["lcs_ratio"] == pytest.approx(2 * 4 / 10)
+
+
+def test_alphabet_sort_partial_credit():
+    env = load_env("alphabet-sort", min_words=4, max_words=4)
+    example = next(env.examples(seed=1))
+    words = example.prompt[-1]["content"].split()
+    assert len(words) == 4 and example.answer == " ".join(sorted(words))
+    right = sorted(words)
+    swapped = " ".join([right[1], right[0], *right[2:]])
+    reward = score(env, example, swapped)
+    assert reward.total == pytest.approx(2 * 3 / 8) and reward.components["exact"] == 0.0
+    assert score(env, example, " ".join(right[:2])).total == pytest.approx(2 * 2 / 6)  # missing words cost
+
+
+def test_arithmetic_exact_match():
+    env = load_env("arithmetic", max_operand=9, operators="*")
+    example = next(env.examples(seed=0))
+    a, b = (int(x) for x in example.prompt[-1]["content"].split("*"))
+    assert example.answer == str(a * b) and 0 <= a <= 9 and 0 <= b <= 9
+    assert score(env, example, f" {a * b}\n").total == 1.0
+    assert score(env, example, f"{a * b + 1}").total == 0.0
+
+
+@pytest.mark.parametrize(
+    ("env_id", "args", "message"),
+    [
+        ("no-such-env", {}, "unknown environment 'no-such-env' (known: alphabet-sort, arithmetic, reverse-text"),
+        ("reverse-text", {"length": 3}, "has no argument(s) length (allowed: min_len, max_len)"),
+        ("reverse-text", {"min_len": "5"}, "argument 'min_len' must be int"),
+        ("reverse-text", {"min_len": 9, "max_len": 3}, "min_len <= max_len"),
+        ("arithmetic", {"operators": "/"}, "operators must be"),
+    ],
+)
+def test_bad_ids_and_args_are_user_errors(env_id, args, message):
+    if env_id == "no-such-env" and importlib.util.find_spec("verifiers") is not None:
+        pytest.skip("with verifiers installed an unknown id is looked up there")
+    with pytest.raises(UserError) as err:
+        load_env(env_id, **args)
+    assert message in str(err.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verifiers") is None, reason="needs the 'verifiers' extra")
+def test_unknown_verifiers_env_is_a_user_error():
+    with pytest.raises(UserError, match="cannot load verifiers environment"):
+        load_env("definitely-not-an-installed-verifiers-env")
+
+
+def test_environment_class_by_import_path():
+    env = load_env("prime_rl.orchestrator.envs.reverse_text:ReverseTextEnv", min_len=3, max_len=3)
+    assert env.id == "reverse-text" and len(next(env.examples(0)).answer) == 3
+    with pytest.raises(UserError, match="does not name an Environment subclass"):
+        load_env("prime_rl.orchestrator.envs.rewards:lcs_ratio")
+    with pytest.raises(UserError, match="cannot import module 'no_such_pkg.envs'"):
+        load_env("no_such_pkg.envs:Env")
+
+
+def test_verifiers_adapter_with_a_stand_in_module(monkeypatch):
+    """The adapter against a stand-in for verifiers' API (load_environment, dataset rows, rubric.score_rollout)."""
+
+    class Rubric:
+        async def score_rollout(self, prompt, completion, answer, state, task, info):
+            ok = float(completion[-1]["content"].strip() == answer)
+            return types.SimpleNamespace(reward=ok, metrics={"correct": ok, "task_is_math": float(task == "math")})
+
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1"}], "answer": str(i + 1), "info": {"i": i}, "task": "math"}
+            for i in range(5)]
+    vf_env = types.SimpleNamespace(get_dataset=lambda: rows, rubric=Rubric())
+    calls = []
+
+    def load_environment(env_id, **args):
+        calls.append((env_id, args))
+        return vf_env
+
+    monkeypatch.setitem(sys.modules, "verifiers", types.SimpleNamespace(load_environment=load_environment))
+    env = load_env("my-vf-env", difficulty=2)
+    assert calls == [("my-vf-env", {"difficulty": 2})] and env.id == "my-vf-env"
+    first = list(itertools.islice(env.examples(seed=0), 10))
+    assert first == list(itertools.islice(env.examples(seed=0), 10))
+    assert sorted(ex.answer for ex in first[:5]) == sorted(str(i + 1) for i in range(5))  # one pass = every row
+    reward = score(env, first[0], first[0].answer)
+    assert reward.total == 1.0 and reward.components == {"correct": 1.0, "task_is_math": 1.0}
+    assert score(env, first[0], "nope").total == 0.0
+
+    def failing(env_id, **args):
+        raise FileNotFoundError("no such environment module")
+
+    monkeypatch.setitem(sys.modules, "verifiers", types.SimpleNamespace(load_environment=failing))
+    with pytest.raises(UserError, match="cannot load verifiers environment 'x' with args {}: no such environment"):
+        load_env("x")

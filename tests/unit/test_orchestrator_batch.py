@@ -1,0 +1,81 @@
+"""Samples -> packed, rank-balanced micro-batches in the batch-file contract."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from prime_rl.orchestrator.batch import Sample, assign_rows, micro_batch, pack_batch, pack_rows
+from prime_rl.utils.batch_format import read_rank, write_step
+
+
+def sample(prompt_len: int, completion_len: int, advantage: float = 0.5, step: int = 3, train: bool = True) -> Sample:
+    return Sample(list(range(1, prompt_len + 1)), list(range(50, 50 + completion_len)),
+                  [-0.1 * (i + 1) for i in range(completion_len)], advantage, step, train)
+
+
+def test_micro_batch_fields():
+    mb = micro_batch([sample(3, 2, advantage=1.5, step=4), sample(2, 3, advantage=-1.0, step=5, train=False)])
+    mb.validate()
+    assert mb.input_ids.tolist() == [1, 2, 3, 50, 51, 1, 2, 50, 51, 52]
+    assert mb.position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
+    assert mb.sample_lens.tolist() == [5, 5] and mb.policy_step.tolist() == [4, 5]
+    assert mb.loss_mask.tolist() == [False] * 3 + [True] * 2 + [False] * 5  # a masked sample trains nothing
+    assert mb.inference_logprobs.tolist() == pytest.approx([0, 0, 0, -0.1, -0.2, 0, 0, 0, 0, 0])  # 0 off-mask
+    assert mb.advantages.tolist() == [0, 0, 0, 1.5, 1.5, 0, 0, 0, 0, 0]
+
+
+def test_pack_rows_respects_seq_len_and_keeps_every_sample():
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 60) for _ in range(100)]
+    rows = pack_rows(lengths, 128)
+    assert sorted(i for row in rows for i in row) == list(range(100))
+    assert all(sum(lengths[i] for i in row) <= 128 for row in rows)
+    assert len(rows) <= -(-sum(lengths) // 128) + 2  # first-fit decreasing is near the lower bound
+    with pytest.raises(ValueError, match="more than seq_len"):
+        pack_rows([10, 200], 128)
+
+
+def test_assign_rows_equal_counts_and_balanced_tokens():
+    tokens = [100, 90, 80, 70, 60, 50, 40, 30]
+    ranks = assign_rows(tokens, 2)
+    assert [len(r) for r in ranks] == [4, 4]
+    totals = [sum(tokens[i] for i in r) for r in ranks]
+    assert abs(totals[0] - totals[1]) <= 20
+    assert [len(r) for r in assign_rows([5, 5, 5], 4)] == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_pack_batch_writes_equal_micro_batch_counts(tmp_path, world_size):
+    rng = random.Random(world_size)
+    samples = [sample(rng.randint(5, 20), rng.randint(1, 30)) for _ in range(17)]
+    batches = pack_batch(samples, seq_len=64, world_size=world_size, step=7, temperature=0.8, max_tokens=30)
+    assert len({len(b.micro_batches) for b in batches}) == 1
+    write_step(tmp_path, 7, batches)
+    loaded = [read_rank(tmp_path, 7, r) for r in range(world_size)]
+    seen_tokens = 0
+    for batch in loaded:
+        assert (batch.step, batch.temperature, batch.max_tokens) == (7, 0.8, 30)
+        for mb in batch.micro_batches:
+            assert mb.num_tokens <= 64
+            starts = torch.cumsum(mb.sample_lens, 0) - mb.sample_lens
+            assert (mb.position_ids[starts] == 0).all() and not mb.loss_mask[starts].any()
+            seen_tokens += mb.num_loss_tokens
+    assert seen_tokens == sum(len(s.completion_ids) for s in samples)
+    totals = [sum(mb.num_tokens for mb in b.micro_batches) for b in loaded]
+    assert max(totals) - min(totals) <= 64  # balanced to within one row
+
+
+def test_empty_batch_still_gives_every_rank_a_padding_row():
+    batches = pack_batch([], seq_len=64, world_size=2, step=0, temperature=1.0, max_tokens=8)
+    assert [len(b.micro_batches) for b in batches] == [1, 1]
+    assert all(mb.num_loss_tokens == 0 for b in batches for mb in b.micro_batches)
+
+
+def test_truncate_to_seq_len_keeps_the_prompt():
+    s = sample(10, 30).truncate(25)
+    assert len(s) == 25 and len(s.prompt_ids) == 10 and len(s.completion_logprobs) == 15
+    with pytest.raises(ValueError, match="does not fit"):
+        sample(30, 5).truncate(25)

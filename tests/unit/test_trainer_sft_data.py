@@ -1,0 +1,113 @@
+"""SFT data: assistant-only loss mask from the chat template, JSONL records, packing, rank split."""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+
+import pytest
+
+from prime_rl.trainer.sft.config import SFTConfig, SFTDataConfig
+from prime_rl.trainer.sft.data import (
+    Sample,
+    conversation_stream,
+    pack,
+    read_jsonl,
+    rows_for_rank,
+    skip,
+    tokenize_conversation,
+)
+from prime_rl.utils.char_tokenizer import build_char_tokenizer
+from prime_rl.utils.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def trained_text(tok, sample: Sample) -> str:
+    return tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+
+
+def test_mask_covers_assistant_reply_and_end_of_turn_only(tok):
+    messages = [{"role": "system", "content": "Reverse."}, {"role": "user", "content": "abc"},
+                {"role": "assistant", "content": "cba"}]
+    sample = tokenize_conversation(tok, messages)
+    assert tok.decode(sample.input_ids).startswith("<|im_start|>system\nReverse.")
+    assert trained_text(tok, sample) == "cba<|im_end|>"
+    assert len(sample.input_ids) == len(sample.loss_mask)
+
+
+def test_multi_turn_trains_every_assistant_turn(tok):
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "b"}, {"role": "assistant", "content": "yz"}]
+    assert trained_text(tok, tokenize_conversation(tok, messages)) == "x<|im_end|>yz<|im_end|>"
+
+
+def test_no_assistant_message_is_an_error(tok):
+    with pytest.raises(UserError, match="no assistant"):
+        tokenize_conversation(tok, [{"role": "user", "content": "hi"}])
+
+
+def test_jsonl_records(tmp_path, tok):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"prompt": "abc", "completion": "cba"}),
+        "",
+        json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]}),
+        json.dumps({"prompt": [{"role": "user", "content": "p"}], "completion": [{"role": "assistant", "content": "c"}]}),
+    ]))
+    convs = read_jsonl(path)
+    assert len(convs) == 3
+    assert convs[0] == [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cba"}]
+    assert trained_text(tok, tokenize_conversation(tok, convs[0])) == "cba<|im_end|>"
+
+
+def test_jsonl_errors_name_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "completion": "b"}\n{"text": "no"}\n')
+    with pytest.raises(UserError, match="bad.jsonl:2"):
+        read_jsonl(path)
+    with pytest.raises(UserError, match="does not exist"):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_streams_are_deterministic_and_resumable(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": str(i), "completion": "x"}) for i in range(5)))
+    for config in (SFTDataConfig(path=path), SFTDataConfig(env="reverse-text")):
+        first = list(islice(conversation_stream(config, seed=3), 12))
+        assert first == list(islice(conversation_stream(config, seed=3), 12))
+        assert list(islice(skip(conversation_stream(config, seed=3), 7), 5)) == first[7:]
+    env_conv = next(conversation_stream(SFTDataConfig(env="reverse-text"), seed=0))
+    assert env_conv[-1]["role"] == "assistant"
+    assert env_conv[-1]["content"] == env_conv[-2]["content"][::-1]
+
+
+def test_pack_respects_seq_len_and_restarts_positions():
+    samples = [Sample(list(range(n)), [False] + [True] * (n - 1)) for n in (5, 4, 6, 3, 9)]
+    rows = pack(samples, seq_len=10)
+    assert [r.sample_lens.tolist() for r in rows] == [[5, 4], [6, 3], [9]]
+    assert all(r.input_ids.numel() <= 10 for r in rows)
+    assert rows[0].position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
+    assert rows[0].num_loss_tokens == 4 + 3
+    (long_row,) = pack([Sample(list(range(15)), [True] * 15)], seq_len=10)
+    assert long_row.input_ids.numel() == 10  # truncated
+
+
+def test_rows_for_rank_pads_to_equal_counts():
+    rows = pack([Sample([1, 2, 3], [False, True, True]) for _ in range(5)], seq_len=3)
+    split = [rows_for_rank(rows, r, 2, pad_id=0) for r in range(2)]
+    assert [len(s) for s in split] == [3, 3]
+    assert split[1][-1].num_loss_tokens == 0
+    assert sum(r.num_loss_tokens for s in split for r in s) == sum(r.num_loss_tokens for r in rows)
+
+
+def test_config_needs_exactly_one_source():
+    with pytest.raises(ValueError, match="exactly one"):
+        SFTDataConfig()
+    with pytest.raises(ValueError, match="exactly one"):
+        SFTDataConfig(path="x.jsonl", env="reverse-text")
+    with pytest.raises(ValueError, match="needs data.env"):
+        SFTConfig(data=SFTDataConfig(path="x.jsonl"), eval={"interval": 5})
