@@ -194,8 +194,8 @@ class ProgressView:
             return
         step, step_time = trained
         self.shown_step = step + 1
-        reward = tail.last("orchestrator", "reward/mean")
-        info = f"reward {reward[1]:.3f}  " if reward else ""
+        reward = tail.get("orchestrator", "reward/mean").get(step)  # of the batch just trained on
+        info = f"reward {reward:.3f}  " if reward is not None else ""
         info += f"step time {step_time:.1f}s"
         if self.bar is not None:
             self.bar.update(self.task, completed=self.shown_step, info=info)
@@ -224,6 +224,7 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail)
 def launch(config: RLConfig) -> None:
     console = Console(stderr=False)
     start = time.monotonic()
+    config.model.path  # noqa: B018 -- a missing local model is an input error: report it before creating anything
     prepare_output_dir(config)
     resumed = resume_from(config)
     inference_devices, trainer_devices = assign_devices(config)

@@ -39,6 +39,26 @@ def test_later_toml_wins_and_tables_merge(two_tomls):
     assert config.max_steps == 5
 
 
+def test_include_reads_the_base_file_first(tmp_path):
+    (tmp_path / "base.toml").write_text('max_steps = 5\n[trainer.optim]\nlr = 1e-3\nweight_decay = 0.5\n')
+    variant = tmp_path / "variant.toml"
+    variant.write_text('include = "base.toml"\n[trainer.optim]\nlr = 2e-3\n[loss]\ntype = "sapo"\n')
+    config = build(["@", str(variant)])
+    assert (config.max_steps, config.trainer.optim.lr, config.trainer.optim.weight_decay) == (5, 2e-3, 0.5)
+    assert config.loss.type == "sapo"
+
+
+def test_include_cycle_and_missing_include_are_clean_errors(tmp_path, capsys):
+    (tmp_path / "a.toml").write_text('include = ["b.toml"]\n')
+    (tmp_path / "b.toml").write_text('include = "a.toml"\n')
+    (tmp_path / "c.toml").write_text('include = "nope.toml"\n')
+    for name, expected in [("a.toml", "includes itself"), ("c.toml", "config file not found")]:
+        with pytest.raises(SystemExit) as exit_info:
+            parse_config(RLConfig, ["@", str(tmp_path / name)])
+        assert exit_info.value.code == 2
+        assert expected in capsys.readouterr().err
+
+
 def test_attached_at_form(two_tomls):
     a, _ = two_tomls
     assert build([f"@{a}"]).max_steps == 5

@@ -49,7 +49,9 @@ def test_reverse_text_prompt_answer_and_partial_credit():
         text = example.prompt[-1]["content"]
         assert 5 <= len(text) <= 12 and text.isalpha() and text.islower()
         assert example.answer == text[::-1]
-        assert sum(len(m["content"]) for m in example.prompt) <= 12 + 20  # short prompts (char-level tokenizer)
+        assert [m["role"] for m in example.prompt] == ["user"]  # no system message unless asked for
+    instructed = next(load_env("reverse-text", system_prompt="Reverse the text.").examples(seed=0))
+    assert instructed.prompt[0] == {"role": "system", "content": "Reverse the text."}
     example = Example(prompt=[], answer="olleh")
     assert score(env, example, " olleh\n").total == 1.0  # surrounding whitespace is ignored
     assert score(env, example, "hello").total == pytest.approx(2 * 2 / 10)  # LCS("olleh", "hello") = "ll"
@@ -81,7 +83,7 @@ def test_arithmetic_exact_match():
     ("env_id", "args", "message"),
     [
         ("no-such-env", {}, "unknown environment 'no-such-env' (known: alphabet-sort, arithmetic, reverse-text"),
-        ("reverse-text", {"length": 3}, "has no argument(s) length (allowed: min_len, max_len)"),
+        ("reverse-text", {"length": 3}, "has no argument(s) length (allowed: min_len, max_len, system_prompt)"),
         ("reverse-text", {"min_len": "5"}, "argument 'min_len' must be int"),
         ("reverse-text", {"min_len": 9, "max_len": 3}, "min_len <= max_len"),
         ("arithmetic", {"operators": "/"}, "operators must be"),

@@ -31,6 +31,10 @@ earlier TOML files > defaults**. Tables merge key by key. Keys accept `-` or `_`
 read as TOML literals (`7`, `1e-5`, `true`, `[0, 1]`) and as plain strings otherwise.
 Booleans are `--flag` / `--no-flag`.
 
+A TOML file may start with `include = "base.toml"` (or a list of files, relative to it): the
+included files are read first and the file's own values merged over them, so a variant states
+only what it changes (see `examples/reverse_text/rl_sapo.toml`).
+
 Unknown keys (at any depth), wrong types, out-of-range values and unreadable TOML files stop the
 command with one line naming the key and what is allowed, exit code 2.
 

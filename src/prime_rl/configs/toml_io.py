@@ -11,16 +11,34 @@ import tomli_w
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.fs import atomic_write_text
 
+INCLUDE_KEY = "include"
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse one TOML file; a missing or malformed file is a `ConfigError` naming it."""
+
+def read_toml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Parse one TOML file; a missing or malformed file is a `ConfigError` naming it.
+
+    A top-level `include = "base.toml"` (or a list of files, paths relative to this file)
+    is read first and this file's values are merged over it, so a variant config can
+    state only what it changes.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in _seen:
+        raise ConfigError(f"config file {path} includes itself (through {' -> '.join(map(str, _seen))})")
     try:
-        return tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    includes = data.pop(INCLUDE_KEY, [])
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ConfigError(f"config file {path}: '{INCLUDE_KEY}' must be a file name or a list of file names")
+    merged: dict[str, Any] = {}
+    for name in includes:
+        merged = deep_merge(merged, read_toml(path.parent / name, (*_seen, path.resolve())))
+    return deep_merge(merged, data)
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,8 @@ class TrainerModelOptions(BaseConfig):
     """torch.compile each decoder layer."""
     deterministic: bool = False
     """Use deterministic torch kernels (slower; for bit-exact resume tests)."""
+    threads: Annotated[int, Field(gt=0)] | None = None
+    """Torch CPU threads per rank (torch.set_num_threads; none: one per core); leave the inference server a core."""
 
 
 class ModelInitConfig(BaseConfig):

@@ -45,6 +45,8 @@ class TrainSession:
         self.dist = init_distributed()
         self.output_dir = Path(config.output_dir)
         self.log = setup_logging(source, self.output_dir if self.dist.is_main else None)
+        if config.runtime.threads is not None:
+            torch.set_num_threads(config.runtime.threads)
         if config.runtime.deterministic:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(config.seed + self.dist.rank)

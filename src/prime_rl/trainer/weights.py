@@ -13,6 +13,7 @@ from pathlib import Path
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import GenerationConfig, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from prime_rl.utils.fs import atomic_dir
 
@@ -47,6 +48,7 @@ def write_weights(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_d
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     target = weights_dir(output_dir, step)
     if is_main:
+        hf_logging.disable_progress_bar()  # a "Writing model shards" bar per step floods the log
         with atomic_dir(target) as tmp:
             model.save_pretrained(tmp, state_dict=state, max_shard_size="5GB")
             generation = getattr(model, "generation_config", None)

@@ -16,10 +16,18 @@ ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_MODELS = {"tiny-reverse-text": ASSETS_DIR / "tiny-reverse-text"}
 
 
+def looks_like_local_path(name: str) -> bool:
+    """Hub names are 'model' or 'org/model'; anything else with a slash or a leading dot/tilde is a path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
 def resolve_model_path(name: str) -> str:
     """The directory or hub name to load for `model.name`."""
     embedded = EMBEDDED_MODELS.get(name)
     if embedded is None:
+        if looks_like_local_path(name) and not Path(name).expanduser().exists():
+            raise UserError(f"model.name {name!r}: no such directory (a hub name is 'org/model'; a local path "
+                            f"must exist, e.g. after running the example's sft step)")
         return name
     if not (embedded / "config.json").exists():
         raise UserError(f"the embedded model {name!r} is missing at {embedded}; rebuild it with "

@@ -66,6 +66,12 @@ class SyntheticEnvironment(Environment):
             yield self.make_example(rng)
 
 
+def chat_prompt(system_prompt: str, user: str) -> list[dict[str, str]]:
+    """A user message, after a system message when `system_prompt` is not empty."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*system, {"role": "user", "content": user}]
+
+
 def require(condition: bool, env_id: str, message: str) -> None:
     """Argument check for environment constructors: a one-line UserError naming the env."""
     if not condition:
