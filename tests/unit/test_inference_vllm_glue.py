@@ -20,22 +20,23 @@ from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
 from prime_rl.utils import embedded_models
 
 
-def test_vllm_args_pass_engine_options_and_prime_rl_hooks():
+def test_vllm_args_pass_engine_options_and_prime_rl_hooks(tmp_path):
+    model = str(tmp_path)  # a local model directory must exist
     config = InferenceConfig.build(overrides={
-        "model": {"name": "/models/m"}, "port": 9001, "seq_len": 1024,
+        "model": {"name": model}, "port": 9001, "seq_len": 1024,
         "vllm": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "enforce_eager": True,
                  "extra_args": ["--max-num-seqs", "8"]},
     })
     args = vllm_args(config)
     pairs = dict(zip(args[2::2], args[3::2], strict=False))  # after "-m vllm.entrypoints.openai.api_server"
     assert args[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert pairs["--model"] == "/models/m" and pairs["--port"] == "9001" and pairs["--host"] == "127.0.0.1"
+    assert pairs["--model"] == model and pairs["--port"] == "9001" and pairs["--host"] == "127.0.0.1"
     assert pairs["--max-model-len"] == "1024" and pairs["--tensor-parallel-size"] == "2"
     assert pairs["--gpu-memory-utilization"] == "0.5" and pairs["--logprobs-mode"] == "processed_logprobs"
     assert pairs["--worker-extension-cls"] == "prime_rl.inference.vllm.worker.WeightDirWorkerExtension"
     assert pairs["--middleware"] == "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"
     assert "--enforce-eager" in args and args[-2:] == ["--max-num-seqs", "8"]
-    assert pairs["--served-model-name"] == "/models/m"
+    assert pairs["--served-model-name"] == model
 
 
 def test_vllm_loads_an_embedded_model_from_its_path_and_serves_it_by_name(tmp_path, monkeypatch):
