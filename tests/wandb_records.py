@@ -27,6 +27,8 @@ def records(path: Path) -> list[bytes]:
             pos += room
             continue
         _, length, kind = struct.unpack_from("<IHB", data, pos)
+        if pos + CHUNK_HEADER + length > len(data):  # a chunk still being written
+            break
         chunk = data[pos + CHUNK_HEADER: pos + CHUNK_HEADER + length]
         pos += CHUNK_HEADER + length
         if kind == FULL:

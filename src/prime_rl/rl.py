@@ -27,6 +27,7 @@ from prime_rl.configs.toml_io import write_toml
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
 from prime_rl.utils.errors import ConfigError, PrimeError
+from prime_rl.utils.fs import list_steps, remove_steps_from
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 
 RUN_ARTIFACTS = ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb", "metrics.jsonl", "metrics.png")
@@ -59,12 +60,6 @@ def prepare_output_dir(config: RLConfig) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def step_number(path: Path) -> int | None:
-    """N of a `step_N` directory, None for anything else (temporary names included)."""
-    prefix, _, number = path.name.partition("_")
-    return int(number) if prefix == "step" and number.isdigit() else None
-
-
 def resume_from(config: RLConfig) -> int | None:
     """Pin `ckpt.resume_step` to one step both trainer and orchestrator have a checkpoint of.
 
@@ -76,10 +71,8 @@ def resume_from(config: RLConfig) -> int | None:
     if wanted is None:
         return None
     root = config.output_dir / "checkpoints"
-    complete = sorted(
-        n for d in (root.iterdir() if root.is_dir() else ())
-        if (n := step_number(d)) is not None and (d / "trainer").is_dir() and (d / "orchestrator").is_dir()
-    )
+    complete = [n for n in list_steps(root) if all((root / f"step_{n}" / part).is_dir()
+                                                     for part in ("trainer", "orchestrator"))]
     if wanted == "latest":
         if not complete:
             raise ConfigError(f"--ckpt.resume-step latest: no checkpoint with both trainer and orchestrator state "
@@ -90,12 +83,8 @@ def resume_from(config: RLConfig) -> int | None:
                           f"(available: {complete or 'none'})")
     for component in (config, config.trainer, config.orchestrator):
         object.__setattr__(component.ckpt, "resume_step", wanted)
-    for kind, first_stale in (("rollouts", wanted), ("weights", wanted + 1)):
-        directory = config.output_dir / kind
-        for d in directory.iterdir() if directory.is_dir() else ():
-            n = step_number(d)
-            if n is not None and n >= first_stale:
-                shutil.rmtree(d)
+    remove_steps_from(config.output_dir / "rollouts", wanted)
+    remove_steps_from(config.output_dir / "weights", wanted + 1)
     return wanted
 
 

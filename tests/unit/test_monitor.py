@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -34,6 +35,10 @@ def test_wandb_offline_run_holds_metric_keys(tmp_path):
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
     rows = history(runs[0])
+    deadline = time.monotonic() + 30
+    while len(rows) < 3 and time.monotonic() < deadline:  # W&B's service may still be flushing the file
+        time.sleep(0.2)
+        rows = history(runs[0])
     assert [row["_step"] for row in rows] == [0, 1, 2]
     assert [row["loss/soft_gate_weight"] for row in rows] == [1.0, 2.0, 3.0]
     assert all(key in row for row in rows for key in keys)

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prime_rl.configs.shared import CkptConfig
-from prime_rl.trainer.weights import list_steps, prune_steps
+from prime_rl.trainer.weights import prune_steps
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.fs import atomic_dir
+from prime_rl.utils.fs import atomic_dir, list_steps
 
 SUBDIR = "orchestrator"
 STATE_FILE = "state.json"

@@ -17,9 +17,7 @@ Writing step n and moving on to n + 1 is what overlaps generation with the train
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from pathlib import Path
 
 import torch
 
@@ -41,8 +39,8 @@ from prime_rl.orchestrator.envs import load_env
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
 from prime_rl.orchestrator.weight_sync import WeightSync
-from prime_rl.trainer.weights import list_steps
-from prime_rl.utils.batch_format import step_dir, write_step
+from prime_rl.utils.batch_format import write_step
+from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
 
 EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
@@ -162,19 +160,12 @@ class Orchestrator:
         save_state(self.config.output_dir, self.state, keep + self.config.max_async_level + 1 if keep else None)
 
 
-def drop_stale_rollouts(output_dir: Path, start: int) -> None:
-    """On resume, batches at or after the resume step came from the previous run: remove them."""
-    rollouts = Path(output_dir) / "rollouts"
-    for step in list_steps(rollouts):
-        if step >= start:
-            shutil.rmtree(step_dir(output_dir, step), ignore_errors=True)
-
-
 async def run(config: OrchestratorConfig) -> None:
     resume = resolve_resume_step(config.output_dir, config.ckpt)
     state = load_state(config.output_dir, resume) if resume is not None else OrchestratorState()
     if resume is not None:
-        drop_stale_rollouts(config.output_dir, state.step)
+        # Batches at or after the resume step came from the previous run.
+        remove_steps_from(config.output_dir / "rollouts", state.step)
         log.info(f"resuming from checkpoint step {resume}")
     monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config.model_dump(mode="json"),
                       console_keys=CONSOLE_KEYS)

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 from prime_rl.orchestrator.client import InferenceClient, InferenceError
-from prime_rl.trainer.weights import list_steps
-from prime_rl.utils.fs import WaitTimeout
+from prime_rl.utils.fs import WaitTimeout, list_steps
 from prime_rl.utils.logging import get_logger
 
 

@@ -20,8 +20,9 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from prime_rl.configs.shared import CkptConfig
-from prime_rl.trainer.weights import list_steps, prune_steps
+from prime_rl.trainer.weights import prune_steps
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.fs import list_steps
 
 COMPONENT = "trainer"
 

@@ -6,7 +6,6 @@ directory and renames it into place, then prunes old steps.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -15,20 +14,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from prime_rl.utils.fs import atomic_dir
-
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+from prime_rl.utils.fs import atomic_dir, list_steps
 
 
 def weights_dir(output_dir: Path, step: int) -> Path:
     return Path(output_dir) / "weights" / f"step_{step}"
-
-
-def list_steps(directory: Path) -> list[int]:
-    """Sorted N of the `step_N` subdirectories of `directory`."""
-    if not Path(directory).is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in Path(directory).iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
 
 
 def prune_steps(directory: Path, keep: int | None, subdir: str | None = None) -> None:

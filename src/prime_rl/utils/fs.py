@@ -7,6 +7,7 @@ place, so a reader never sees half a file. Every wait has a timeout and a clear 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -77,3 +78,20 @@ def wait_for_path(path: Path, timeout_s: float, what: str, poll_s: float = 0.05,
             raise WaitTimeout(f"timed out after {timeout_s:.0f}s waiting for {what} ({path})")
         time.sleep(min(poll_s * (1 + waited), 1.0))
     return time.monotonic() - start
+
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def list_steps(directory: Path) -> list[int]:
+    """Sorted N of the `step_N` subdirectories of `directory` (temporary names excluded)."""
+    if not Path(directory).is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in Path(directory).iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+
+
+def remove_steps_from(directory: Path, first: int) -> None:
+    """Delete the `step_N` subdirectories of `directory` with N >= first."""
+    for step in list_steps(directory):
+        if step >= first:
+            shutil.rmtree(Path(directory) / f"step_{step}", ignore_errors=True)
