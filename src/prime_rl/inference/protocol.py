@@ -76,6 +76,17 @@ class CompletionRequest(SamplingFields):
         return self
 
 
+def context_overflow(prompt_tokens: int, max_tokens: int, context_len: int) -> str | None:
+    """Why a request cannot be served when prompt + max_tokens exceeds the context, else None.
+
+    Both backends answer such a request with a 400 rather than shortening the completion
+    (vLLM on its own would clamp max_tokens to the room left).
+    """
+    if prompt_tokens + max_tokens <= context_len:
+        return None
+    return f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the context length {context_len}"
+
+
 class UpdateWeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -25,6 +25,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from prime_rl.inference.protocol import context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
@@ -145,11 +146,9 @@ class Engine:
         """Queue `n` completions of `prompt_ids`; the future resolves to a list of `Completion`."""
         if not prompt_ids:
             raise UserError("the prompt is empty")
-        if len(prompt_ids) + params.max_tokens > self.context_len:
-            raise UserError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
-                f"length {self.context_len}"
-            )
+        overflow = context_overflow(len(prompt_ids), params.max_tokens, self.context_len)
+        if overflow:
+            raise UserError(overflow)
         future: Future = Future()
         self._queue.put(_Request(list(prompt_ids), params, n, future))
         return future

@@ -12,7 +12,7 @@ import os
 import sys
 
 from prime_rl.inference.config import KEEP_ALIVE_S, InferenceConfig
-from prime_rl.inference.vllm.middleware import TIMEOUT_ENV
+from prime_rl.inference.vllm.middleware import CONTEXT_ENV, TIMEOUT_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
 
@@ -21,6 +21,11 @@ MIDDLEWARE = "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+def context_len(config: InferenceConfig) -> int:
+    """vLLM's --max-model-len: its own option when set, else the run's seq_len."""
+    return config.vllm.max_model_len or config.seq_len
 
 
 def vllm_args(config: InferenceConfig) -> list[str]:
@@ -33,7 +38,7 @@ def vllm_args(config: InferenceConfig) -> list[str]:
         "--host", config.host,
         "--port", str(config.port),
         "--seed", str(config.seed),
-        "--max-model-len", str(v.max_model_len or config.seq_len),
+        "--max-model-len", str(context_len(config)),
         "--tensor-parallel-size", str(v.tensor_parallel_size),
         "--data-parallel-size", str(v.data_parallel_size),
         "--gpu-memory-utilization", str(v.gpu_memory_utilization),
@@ -57,6 +62,7 @@ def exec_vllm(config: InferenceConfig) -> None:
     if config.port == 0:
         raise UserError("backend 'vllm' needs an explicit port (port = 0 is only supported by the builtin backend)")
     os.environ[TIMEOUT_ENV] = str(config.update_timeout_s)
+    os.environ[CONTEXT_ENV] = str(context_len(config))
     os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))  # see KEEP_ALIVE_S
     argv = [sys.executable, *vllm_args(config)]
     sys.stdout.flush()

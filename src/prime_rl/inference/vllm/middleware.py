@@ -7,6 +7,10 @@
 - Non-streaming JSON answers of `/v1/completions` and `/v1/chat/completions` get a
   top-level `weight_step` (the step they were admitted under; see `gate.py`), and
   completions a top-level `prompt_token_ids` (vLLM puts it on each choice).
+- prompt + max_tokens beyond the context is a 400, as with the builtin backend (vLLM
+  itself clamps max_tokens to the room left). A max_tokens that alone fills the context
+  is refused before generating; otherwise the prompt's length is known only from the
+  answer's `usage.prompt_tokens`, so a request with one prompt is checked on the answer.
 
 A pure ASGI middleware needs nothing from vLLM but `app.state.engine_client`, which
 keeps it independent of the server's internal layout across vLLM versions.
@@ -16,17 +20,19 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 
 from pydantic import ValidationError
 
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.protocol import UpdateWeightsRequest
+from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow
 from prime_rl.inference.weights import check_weight_dir
 from prime_rl.utils.errors import UserError
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 LOAD_METHOD = "load_weights_from_dir"  # WeightDirWorkerExtension's method
 TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from update_timeout_s
+CONTEXT_ENV = "PRIME_INFERENCE_CONTEXT_LEN"  # set by the launcher to vLLM's --max-model-len
 
 
 async def _read_body(receive) -> bytes:
@@ -36,6 +42,36 @@ async def _read_body(receive) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A `receive` that hands the app the already-read body, then the client's later messages."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def completion_limit(raw: bytes) -> tuple[int | None, bool]:
+    """A generate request's max_tokens (None: absent, or a body vLLM will reject itself) and
+    whether it holds one prompt (chat messages, a string, or one list of token ids)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None, False
+    if not isinstance(body, dict):
+        return None, False
+    limit = body.get("max_tokens")
+    if limit is None:
+        limit = body.get("max_completion_tokens")
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        limit = None
+    prompt = body.get("prompt")
+    single = "messages" in body or isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(isinstance(token, int) for token in prompt))
+    return limit, single
 
 
 async def _send_json(send, status: int, payload: dict) -> None:
@@ -53,6 +89,7 @@ class PrimeRLMiddleware:
     def __init__(self, app):
         self.app = app
         self.gate = WeightGate(step=0, timeout_s=float(os.environ.get(TIMEOUT_ENV, "600")))
+        self.context_len = int(os.environ[CONTEXT_ENV]) if CONTEXT_ENV in os.environ else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -68,11 +105,30 @@ class PrimeRLMiddleware:
         return await self.app(scope, receive, send)
 
     async def _generate(self, scope, receive, send):
+        raw = await _read_body(receive)
+        max_tokens, single_prompt = completion_limit(raw) if self.context_len is not None else (None, False)
+        if max_tokens is not None and max_tokens >= self.context_len:
+            message = f"max_tokens ({max_tokens}) leaves no room for a prompt in the context length {self.context_len}"
+            return await _send_json(send, 400, _error(400, message))
         try:
             async with self.gate.request() as step:
-                await self.app(scope, receive, _StampWeightStep(send, step))
+                finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None)
+                await self.app(scope, _replay(raw, receive), _FinishAnswer(send, finish))
         except GateTimeout as exc:
             await _send_json(send, 503, _error(503, str(exc)))
+
+    def _finish(self, payload: dict, step: int, max_tokens: int | None) -> int | None:
+        """Stamp a generated answer, or make it a 400 when its prompt left no room for max_tokens."""
+        prompt_tokens = (payload.get("usage") or {}).get("prompt_tokens")
+        if max_tokens is not None and isinstance(prompt_tokens, int):
+            overflow = context_overflow(prompt_tokens, max_tokens, self.context_len)
+            if overflow:
+                payload.clear()
+                payload.update(_error(400, overflow))
+                return 400
+        payload["weight_step"] = step
+        lift_prompt_token_ids(payload)
+        return None
 
     async def _update(self, scope, receive, send):
         raw = await _read_body(receive)
@@ -103,11 +159,12 @@ def lift_prompt_token_ids(payload: dict) -> None:
             payload["prompt_token_ids"] = lifted
 
 
-class _StampWeightStep:
-    """Wraps `send`: adds `weight_step` to a non-streaming JSON response body."""
+class _FinishAnswer:
+    """Wraps `send`: a non-streaming JSON answer with `choices` goes through `finish(payload)`,
+    which edits it in place and may return a new HTTP status."""
 
-    def __init__(self, send, step: int):
-        self.send, self.step = send, step
+    def __init__(self, send, finish):
+        self.send, self.finish = send, finish
         self.start: dict | None = None
         self.chunks: list[bytes] = []
         self.passthrough = False
@@ -125,17 +182,15 @@ class _StampWeightStep:
         self.chunks.append(message.get("body", b""))
         if message.get("more_body"):
             return None
-        body = b"".join(self.chunks)
+        body, status = b"".join(self.chunks), self.start["status"]
         try:
             payload = json.loads(body)
             if isinstance(payload, dict) and "choices" in payload:
-                payload["weight_step"] = self.step
-                lift_prompt_token_ids(payload)
+                status = self.finish(payload) or status
                 body = json.dumps(payload).encode()
         except json.JSONDecodeError:
             pass
         headers = [(k, v) for k, v in self.start.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
-        await self.send({**self.start, "headers": headers})
+        await self.send({**self.start, "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
-
