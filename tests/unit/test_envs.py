@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import itertools
-import sys
-import types
 
 import pytest
 
@@ -97,12 +95,6 @@ def test_bad_ids_and_args_are_user_errors(env_id, args, message):
     assert message in str(err.value)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("verifiers") is None, reason="needs the 'verifiers' extra")
-def test_unknown_verifiers_env_is_a_user_error():
-    with pytest.raises(UserError, match="cannot load verifiers environment"):
-        load_env("definitely-not-an-installed-verifiers-env")
-
-
 def test_environment_class_by_import_path():
     env = load_env("prime_rl.orchestrator.envs.reverse_text:ReverseTextEnv", min_len=3, max_len=3)
     assert env.id == "reverse-text" and len(next(env.examples(0)).answer) == 3
@@ -110,38 +102,3 @@ def test_environment_class_by_import_path():
         load_env("prime_rl.orchestrator.envs.rewards:lcs_ratio")
     with pytest.raises(UserError, match="cannot import module 'no_such_pkg.envs'"):
         load_env("no_such_pkg.envs:Env")
-
-
-def test_verifiers_adapter_with_a_stand_in_module(monkeypatch):
-    """The adapter against a stand-in for verifiers' API (load_environment, dataset rows, rubric.score_rollout)."""
-
-    class Rubric:
-        async def score_rollout(self, prompt, completion, answer, state, task, info):
-            ok = float(completion[-1]["content"].strip() == answer)
-            return types.SimpleNamespace(reward=ok, metrics={"correct": ok, "task_is_math": float(task == "math")})
-
-    rows = [{"prompt": [{"role": "user", "content": f"{i}+1"}], "answer": str(i + 1), "info": {"i": i}, "task": "math"}
-            for i in range(5)]
-    vf_env = types.SimpleNamespace(get_dataset=lambda: rows, rubric=Rubric())
-    calls = []
-
-    def load_environment(env_id, **args):
-        calls.append((env_id, args))
-        return vf_env
-
-    monkeypatch.setitem(sys.modules, "verifiers", types.SimpleNamespace(load_environment=load_environment))
-    env = load_env("my-vf-env", difficulty=2)
-    assert calls == [("my-vf-env", {"difficulty": 2})] and env.id == "my-vf-env"
-    first = list(itertools.islice(env.examples(seed=0), 10))
-    assert first == list(itertools.islice(env.examples(seed=0), 10))
-    assert sorted(ex.answer for ex in first[:5]) == sorted(str(i + 1) for i in range(5))  # one pass = every row
-    reward = score(env, first[0], first[0].answer)
-    assert reward.total == 1.0 and reward.components == {"correct": 1.0, "task_is_math": 1.0}
-    assert score(env, first[0], "nope").total == 0.0
-
-    def failing(env_id, **args):
-        raise FileNotFoundError("no such environment module")
-
-    monkeypatch.setitem(sys.modules, "verifiers", types.SimpleNamespace(load_environment=failing))
-    with pytest.raises(UserError, match="cannot load verifiers environment 'x' with args {}: no such environment"):
-        load_env("x")
