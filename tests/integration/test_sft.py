@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prime_rl.trainer.sft.config import SFTConfig
 from prime_rl.trainer.sft.train import main, train
-from prime_rl.trainer.weights import list_steps, weights_dir
+from prime_rl.trainer.weights import weights_dir
+from prime_rl.utils.fs import list_steps
 
 TINY = {"tokenizer": "char", "overrides": {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64}}
 

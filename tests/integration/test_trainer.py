@@ -18,8 +18,8 @@ from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import main, train
 from prime_rl.trainer.session import NonFiniteError
 from prime_rl.trainer.synthetic import random_step, write_random_step
-from prime_rl.trainer.weights import list_steps, weights_dir
-from prime_rl.utils.fs import WaitTimeout
+from prime_rl.trainer.weights import weights_dir
+from prime_rl.utils.fs import WaitTimeout, list_steps
 
 VOCAB = 99  # the char tokenizer of tiny_model_dir
 

@@ -7,8 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prime_rl.trainer.dist import init_distributed
-from prime_rl.trainer.weights import list_steps, prune_steps, weights_dir, write_weights
+from prime_rl.trainer.weights import weights_dir, write_weights
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
+from prime_rl.utils.fs import list_steps, prune_steps
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prime_rl.configs.shared import CkptConfig
-from prime_rl.trainer.weights import prune_steps
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.fs import atomic_dir, list_steps
+from prime_rl.utils.fs import atomic_dir, list_steps, prune_steps, step_path
 
 SUBDIR = "orchestrator"
 STATE_FILE = "state.json"
@@ -53,15 +52,16 @@ def checkpoints_dir(output_dir: Path) -> Path:
 
 
 def save_state(output_dir: Path, state: OrchestratorState, keep: int | None = None) -> Path:
-    target = checkpoints_dir(output_dir) / f"step_{state.step}" / SUBDIR
+    target = step_path(checkpoints_dir(output_dir), state.step) / SUBDIR
     with atomic_dir(target) as tmp:
         (tmp / STATE_FILE).write_text(state.to_json())
     prune_steps(checkpoints_dir(output_dir), keep, subdir=SUBDIR)
     return target
 
 
-def _has(output_dir: Path, step: int, part: str) -> bool:
-    return (checkpoints_dir(output_dir) / f"step_{step}" / part).is_dir()
+def has_checkpoint(output_dir: Path, step: int, part: str) -> bool:
+    """Whether `part` ("orchestrator" or "trainer") saved a checkpoint of `step`."""
+    return (step_path(checkpoints_dir(output_dir), step) / part).is_dir()
 
 
 def resolve_resume_step(output_dir: Path, ckpt: CkptConfig) -> int | None:
@@ -74,10 +74,10 @@ def resolve_resume_step(output_dir: Path, ckpt: CkptConfig) -> int | None:
     if ckpt.resume_step is None:
         return None
     steps = list_steps(checkpoints_dir(output_dir))
-    ours = [s for s in steps if _has(output_dir, s, SUBDIR)]
+    ours = [s for s in steps if has_checkpoint(output_dir, s, SUBDIR)]
     if ckpt.resume_step == "latest":
-        if any(_has(output_dir, s, "trainer") for s in steps):
-            ours = [s for s in ours if _has(output_dir, s, "trainer")]
+        if any(has_checkpoint(output_dir, s, "trainer") for s in steps):
+            ours = [s for s in ours if has_checkpoint(output_dir, s, "trainer")]
         if not ours:
             raise UserError(f"ckpt.resume_step = 'latest' but {checkpoints_dir(output_dir)} has no orchestrator checkpoint")
         return ours[-1]
@@ -90,7 +90,7 @@ def resolve_resume_step(output_dir: Path, ckpt: CkptConfig) -> int | None:
 
 
 def load_state(output_dir: Path, step: int) -> OrchestratorState:
-    path = checkpoints_dir(output_dir) / f"step_{step}" / SUBDIR / STATE_FILE
+    path = step_path(checkpoints_dir(output_dir), step) / SUBDIR / STATE_FILE
     try:
         return OrchestratorState.from_json(path.read_text())
     except (OSError, ValueError, KeyError) as exc:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from prime_rl.orchestrator.client import InferenceClient, InferenceError
-from prime_rl.utils.fs import WaitTimeout, list_steps
+from prime_rl.utils.fs import WaitTimeout, list_steps, step_path
 from prime_rl.utils.logging import get_logger
 
 
@@ -45,7 +45,7 @@ class WeightSync:
         if step <= self.trusted_upto:
             return True
         try:
-            return (self.weights_dir / f"step_{step}").stat().st_mtime >= self.started_at
+            return step_path(self.weights_dir, step).stat().st_mtime >= self.started_at
         except FileNotFoundError:
             return False
 
@@ -57,9 +57,9 @@ class WeightSync:
                 return False
             newest = steps[-1]
             try:
-                self.served_step = await self.client.update_weights(str(self.weights_dir / f"step_{newest}"), newest)
+                self.served_step = await self.client.update_weights(str(step_path(self.weights_dir, newest)), newest)
             except InferenceError:
-                if (self.weights_dir / f"step_{newest}").is_dir():
+                if step_path(self.weights_dir, newest).is_dir():
                     raise
                 continue
             self.log.info(f"inference now serves weights step {self.served_step}")

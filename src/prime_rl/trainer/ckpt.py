@@ -20,9 +20,8 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from prime_rl.configs.shared import CkptConfig
-from prime_rl.trainer.weights import prune_steps
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.fs import list_steps
+from prime_rl.utils.fs import list_steps, prune_steps, step_path
 
 COMPONENT = "trainer"
 
@@ -32,7 +31,7 @@ def ckpt_root(output_dir: Path) -> Path:
 
 
 def ckpt_dir(output_dir: Path, step: int) -> Path:
-    return ckpt_root(output_dir) / f"step_{step}" / COMPONENT
+    return step_path(ckpt_root(output_dir), step) / COMPONENT
 
 
 def _rng_state() -> dict:

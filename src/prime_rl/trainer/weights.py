@@ -6,7 +6,6 @@ directory and renames it into place, then prunes old steps.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch.nn as nn
@@ -14,22 +13,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from prime_rl.utils.fs import atomic_dir, list_steps
+from prime_rl.utils.fs import atomic_dir, prune_steps, step_path
 
 
 def weights_dir(output_dir: Path, step: int) -> Path:
-    return Path(output_dir) / "weights" / f"step_{step}"
-
-
-def prune_steps(directory: Path, keep: int | None, subdir: str | None = None) -> None:
-    """Delete all but the newest `keep` step_N directories (or their `subdir`)."""
-    if keep is None:
-        return
-    for step in list_steps(directory)[:-keep]:
-        target = Path(directory) / f"step_{step}"
-        shutil.rmtree(target / subdir if subdir else target, ignore_errors=True)
-        if subdir and target.is_dir() and not any(target.iterdir()):
-            target.rmdir()
+    return step_path(Path(output_dir) / "weights", step)
 
 
 def write_weights(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path, step: int,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from prime_rl.utils.fs import atomic_dir
+from prime_rl.utils.fs import atomic_dir, step_path
 
 OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs")
 
@@ -86,7 +86,7 @@ class RankBatch:
 
 
 def step_dir(output_dir: Path, step: int) -> Path:
-    return Path(output_dir) / "rollouts" / f"step_{step}"
+    return step_path(Path(output_dir) / "rollouts", step)
 
 
 def rank_file(directory: Path, rank: int) -> Path:

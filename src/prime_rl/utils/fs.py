@@ -83,6 +83,10 @@ def wait_for_path(path: Path, timeout_s: float, what: str, poll_s: float = 0.05,
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
+def step_path(directory: Path, step: int) -> Path:
+    return Path(directory) / f"step_{step}"
+
+
 def list_steps(directory: Path) -> list[int]:
     """Sorted N of the `step_N` subdirectories of `directory` (temporary names excluded)."""
     if not Path(directory).is_dir():
@@ -94,4 +98,15 @@ def remove_steps_from(directory: Path, first: int) -> None:
     """Delete the `step_N` subdirectories of `directory` with N >= first."""
     for step in list_steps(directory):
         if step >= first:
-            shutil.rmtree(Path(directory) / f"step_{step}", ignore_errors=True)
+            shutil.rmtree(step_path(directory, step), ignore_errors=True)
+
+
+def prune_steps(directory: Path, keep: int | None, subdir: str | None = None) -> None:
+    """Delete all but the newest `keep` step_N directories (or their `subdir`)."""
+    if keep is None:
+        return
+    for step in list_steps(directory)[:-keep]:
+        target = step_path(directory, step)
+        shutil.rmtree(target / subdir if subdir else target, ignore_errors=True)
+        if subdir and target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
