@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from prime_rl.trainer.rl.loss import LossInputs, LossScale, build_loss, scale_counts
+from prime_rl.trainer.rl.loss import LossInputs, LossScale, build_loss, log_ratio_moments, scale_counts
 
 VARIANTS = ["default", "sapo", "cispo", "vanilla", "grpo", "bnpo", "dr_grpo", "dapo", "gspo", "gspo_token", "fipo",
             "is_reshape"]  # fmt: skip
@@ -39,9 +39,10 @@ def make_batch(samples: int, tokens: int, device: str) -> LossInputs:
 
 
 def time_variant(variant: str, batch: LossInputs, repeats: int, kl: bool) -> float:
-    counts = scale_counts(batch)
-    scale = LossScale.from_counts(counts, max_tokens=int(batch.sample_lens.max()), num_micro_batches=1)
+    scale = LossScale.from_counts(scale_counts(batch), max_tokens=int(batch.sample_lens.max()))
     loss_fn = build_loss({"type": variant, "kl_coef": 0.01 if kl else 0.0})
+    if loss_fn.needs_log_ratio_moments:  # the trainer's no-grad pre-pass (not timed: it is a model forward there)
+        scale = scale.with_log_ratio_moments(log_ratio_moments(batch))
     times = []
     for i in range(repeats + 1):
         if batch.trainer_logprobs.is_cuda:

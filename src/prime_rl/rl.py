@@ -26,12 +26,15 @@ from prime_rl.configs.rl import RLConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
-from prime_rl.orchestrator.ckpt import checkpoints_dir, has_checkpoint
+from prime_rl.monitor.monitor import METRICS_FILE
+from prime_rl.monitor.sinks import drop_steps_from
+from prime_rl.run_dir import remove_temporaries, resolve_resume_step
 from prime_rl.utils.errors import ConfigError, PrimeError
-from prime_rl.utils.fs import list_steps, remove_steps_from, step_path
+from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 
-RUN_ARTIFACTS = ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb", "metrics.jsonl", "metrics.png")
+RUN_ARTIFACTS = ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb", "metrics.jsonl", "metrics.jsonl.lock",
+                 "metrics.png")
 POLL_S = 0.25
 
 
@@ -62,30 +65,23 @@ def prepare_output_dir(config: RLConfig) -> None:
 
 
 def resume_from(config: RLConfig) -> int | None:
-    """Pin `ckpt.resume_step` to one step both trainer and orchestrator have a checkpoint of.
+    """Pin `ckpt.resume_step` to one complete (trainer + orchestrator) checkpoint step N.
 
-    'latest' becomes the newest such step. Batches and weights made after it by the
-    interrupted run are removed, so the resumed processes regenerate them instead of
-    mixing two runs' files.
+    'latest' becomes the newest complete step (`run_dir.resolve_resume_step`). What the
+    interrupted run made after N goes, so the resumed processes regenerate it instead of
+    mixing two runs: rollout batches >= N, weights > N, and the metrics.jsonl lines of
+    steps >= N (the progress bar then starts at N). Temporaries of interrupted writes go too.
     """
     wanted = config.ckpt.resume_step
     if wanted is None:
         return None
-    root = checkpoints_dir(config.output_dir)
-    complete = [n for n in list_steps(root)
-                if all(has_checkpoint(config.output_dir, n, part) for part in ("trainer", "orchestrator"))]
-    if wanted == "latest":
-        if not complete:
-            raise ConfigError(f"--ckpt.resume-step latest: no checkpoint with both trainer and orchestrator state "
-                              f"under {root}")
-        wanted = complete[-1]
-    elif wanted not in complete:
-        raise ConfigError(f"--ckpt.resume-step {wanted}: no complete checkpoint {step_path(root, wanted)} "
-                          f"(available: {complete or 'none'})")
+    wanted = resolve_resume_step(config.output_dir, wanted)
     for component in (config, config.trainer, config.orchestrator):
         object.__setattr__(component.ckpt, "resume_step", wanted)
+    remove_temporaries(config.output_dir)
     remove_steps_from(config.output_dir / "rollouts", wanted)
     remove_steps_from(config.output_dir / "weights", wanted + 1)
+    drop_steps_from(config.output_dir / METRICS_FILE, wanted, ("trainer", "orchestrator"))
     return wanted
 
 
@@ -165,17 +161,17 @@ def _interrupt(signum, frame) -> None:
 class ProgressView:
     """A live bar on a terminal; one line per trained step otherwise (logs, CI)."""
 
-    def __init__(self, console: Console, total: int):
+    def __init__(self, console: Console, total: int, start: int = 0):
         self.console = console
         self.total = total
-        self.shown_step = 0
+        self.shown_step = start  # a resumed run starts at its checkpoint step
         self.bar = None
         if console.is_terminal:
             self.bar = Progress(
                 TextColumn("[bold]rl"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                 TimeElapsedColumn(), console=console,
             )
-            self.task = self.bar.add_task("steps", total=total, info="starting")
+            self.task = self.bar.add_task("steps", total=total, completed=start, info="starting")
             self.bar.start()
 
     def update(self, tail: MetricsTail) -> None:
@@ -250,7 +246,7 @@ def launch(config: RLConfig) -> None:
         wait_for_health(health, children["inference"], config.deployment.startup_timeout_s)
         children["orchestrator"].start()
         children["trainer"].start()
-        view = ProgressView(console, config.max_steps)
+        view = ProgressView(console, config.max_steps, resumed or 0)
         supervise(children, view, tail)
     except KeyboardInterrupt:
         interrupted = True

@@ -171,7 +171,9 @@ def test_resume_continues_from_the_checkpoint(server, tiny_model_dir, tmp_path):
     # Resume from the checkpoint before the end: the stale last batch is dropped and regenerated.
     resumed = make_config(config.output_dir, tiny_model_dir, server, 2, ckpt={"resume_step": STEPS - 1})
     body(resumed)  # the weights it needs already exist: no trainer needed
-    assert [row["step"] for row in metrics(config.output_dir)] == [*range(STEPS), STEPS - 1]
+    rows = metrics(config.output_dir)
+    assert [row["step"] for row in rows] == list(range(STEPS))  # the re-run step's old line was replaced
+    assert rows[-1]["time"] > rows[-2]["time"]
     assert step_dir(config.output_dir, STEPS - 1).stat().st_mtime_ns > first_write
     # Same data cursor and RNG: the regenerated step has the first run's prompts.
     assert prompts(config.output_dir, STEPS - 1) == before and len(before) == 8

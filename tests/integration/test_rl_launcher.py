@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,6 +130,31 @@ def test_a_killed_component_stops_the_run_within_15s_without_orphans(component, 
     assert not alive(tree), [cmdline(p) for p in alive(tree)]
 
 
+def logged_steps(run_dir: Path, source: str) -> list[int]:
+    """Steps of `source`'s metrics.jsonl lines, in file order, duplicates kept."""
+    rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [row["step"] for row in rows if row["source"] == source]
+
+
+def complete_checkpoints(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir()
+                  if (p / "trainer").is_dir() and (p / "orchestrator").is_dir())
+
+
+def resume_and_check(args: list[str], run_dir: Path, log: Path, max_steps: int, resumed_from: int) -> None:
+    """Resume with 'latest'; the run completes and every step is in metrics.jsonl exactly once."""
+    proc = start_rl([*args, "--ckpt.resume-step", "latest"], log)
+    try:
+        assert proc.wait(timeout=STEP_TIMEOUT_S * 2) == 0, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    assert f"resuming after step {resumed_from}" in log.read_text()
+    for source in ("trainer", "orchestrator"):
+        assert logged_steps(run_dir, source) == list(range(max_steps)), source
+    assert not list(run_dir.glob("**/.*.tmp")), list(run_dir.glob("**/.*.tmp"))
+    assert (run_dir / "metrics.png").exists()
+
+
 def test_ctrl_c_stops_cleanly_and_resume_continues_the_step_numbers(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     log = tmp_path / "rl.log"
@@ -143,19 +169,47 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_the_step_numbers(tmp_path, ti
 
     # The orchestrator may have checkpointed a step further (it runs ahead by max_async_level):
     # resume uses the newest step both components saved.
-    saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir()
-                   if (p / "trainer").is_dir() and (p / "orchestrator").is_dir())
+    saved = complete_checkpoints(run_dir)
     assert saved and saved[-1] >= 2
-    resumed_from = saved[-1]
-    before = trained_steps(run_dir)
+    resume_and_check(args, run_dir, tmp_path / "rl_resume.log", 6, saved[-1])
 
-    log2 = tmp_path / "rl_resume.log"
-    proc = start_rl([*args, "--ckpt.resume-step", "latest"], log2)
-    assert proc.wait(timeout=STEP_TIMEOUT_S * 2) == 0, log2.read_text()[-3000:]
-    after = trained_steps(run_dir)[len(before):]
-    assert f"resuming after step {resumed_from}" in log2.read_text()
-    assert after == list(range(resumed_from, 6)), (before, after)
-    assert (run_dir / "metrics.png").exists()
+
+# (killed process, max_async_level, ckpt.keep, ckpt.interval, max_steps, trained step to kill after).
+# Interval 4 > keep_weights 3: by the kill the resume step's weights were pruned (issue 11.2).
+KILL_CASES = [
+    ("trainer", 0, 1, 1, 5, 2),
+    ("orchestrator", 1, 2, 4, 9, 5),
+    ("inference", 2, 3, 2, 7, 3),
+]
+
+
+@pytest.mark.parametrize(("component", "async_level", "keep", "interval", "max_steps", "kill_after"), KILL_CASES)
+def test_resume_after_kill_9_completes_with_every_step_once(component, async_level, keep, interval, max_steps,
+                                                            kill_after, tmp_path, tiny_model_dir):
+    """Regression (issue 11.1-11.4): kill -9 one process mid-run, resume 'latest': retention kept a complete
+    checkpoint, the resume does not wait for pruned weights, and metrics.jsonl holds each step once."""
+    run_dir = tmp_path / "run"
+    log = tmp_path / "rl.log"
+    args = small_run_config(tmp_path, tiny_model_dir, max_steps, "--max-async-level", str(async_level),
+                            "--ckpt.keep", str(keep), "--ckpt.interval", str(interval),
+                            "--trainer.keep-weights", "3")
+    proc = start_rl(args, log)
+    wait_for_trained_step(proc, run_dir, kill_after, log)
+    victims = [pid for pid in descendants(proc.pid) if MODULES[component] in cmdline(pid)]
+    assert victims, component
+    os.kill(victims[0], signal.SIGKILL)
+    assert proc.wait(timeout=30) not in (0, None)
+
+    saved = complete_checkpoints(run_dir)
+    assert 1 <= len(saved) <= keep, saved
+    resumed_from = saved[-1]
+    # Whatever the timing of the kill, the resume step's weights are gone as retention would have it.
+    for step_dir in (run_dir / "weights").glob("step_*"):
+        if int(step_dir.name.split("_")[1]) <= resumed_from:
+            shutil.rmtree(step_dir)
+    resume_and_check(args, run_dir, tmp_path / "rl_resume.log", max_steps, resumed_from)
+    written = sorted({*range(interval, max_steps + 1, interval), max_steps})
+    assert sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir()) == written[-keep:]
 
 
 def metric_rows(run_dir: Path, source: str) -> dict[int, dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from prime_rl.run_dir import resolve_resume_step
 from prime_rl.trainer.ckpt import ckpt_dir
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import main, train
@@ -157,3 +159,32 @@ def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normaliz
     m1, m2 = metrics_lines(one)[0], metrics_lines(two)[0]
     assert m2["loss/total"] == pytest.approx(m1["loss/total"], abs=1e-5)
     assert m2["optim/grad_norm"] == pytest.approx(m1["optim/grad_norm"], rel=1e-5)
+
+
+def test_keep_one_with_orchestrator_parts_ahead_keeps_the_trainers_newest(tiny_model_dir, tmp_path):
+    """Regression (issue 11.1): with `ckpt.keep = 1` the trainer counted the orchestrator's step folders
+    (written ahead of it) and deleted its own newest checkpoint; 'latest' then found nothing complete."""
+    out = tmp_path / "run"
+    write_steps(out, range(3))
+    for step in range(1, 6):  # the orchestrator ran up to max_async_level + 1 steps ahead
+        (out / "checkpoints" / f"step_{step}" / "orchestrator").mkdir(parents=True)
+    train(config(tiny_model_dir, out, max_steps=3, ckpt={"interval": 1, "keep": 1}))
+    assert list_steps(out / "checkpoints") == [3, 4, 5]
+    assert (ckpt_dir(out, 3) / "meta.pt").exists()
+    assert resolve_resume_step(out, "latest") == 3
+
+
+def test_resume_rewrites_the_pruned_weights_of_the_resume_step(tiny_model_dir, tmp_path):
+    """Regression (issue 11.2): with ckpt.interval > keep_weights the resume step's weights were pruned;
+    nothing rewrote them and the orchestrator waited for them until its timeout."""
+    out = tmp_path / "run"
+    write_steps(out, range(6))
+    train(config(tiny_model_dir, out, max_steps=6, keep_weights=1, ckpt={"interval": 4}))
+    assert list_steps(out / "weights") == [6]
+    assert list_steps(out / "checkpoints") == [4, 6]
+    straight = weights(out, 6)
+    shutil.rmtree(out / "weights" / "step_6")  # what `rl` does to weights after the resume step
+    train(config(tiny_model_dir, out, max_steps=6, keep_weights=None, ckpt={"interval": 4, "resume_step": 4}))
+    assert list_steps(out / "weights") == [4, 5, 6]
+    for key, value in weights(out, 6).items():
+        torch.testing.assert_close(value, straight[key], atol=0, rtol=0, msg=key)

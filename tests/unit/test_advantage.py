@@ -10,6 +10,7 @@ import torch
 from prime_rl.orchestrator.advantage import (
     compute_advantages,
     dr_grpo,
+    equal_groups,
     grpo,
     pass_at_k,
     reinforce_plus_plus_baseline,
@@ -30,7 +31,7 @@ REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0
 
 
 def close(got, expected):
-    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float32), atol=1e-5), got
+    assert torch.allclose(got.float(), torch.tensor(expected, dtype=torch.float32), atol=1e-5), got
 
 
 def test_grpo_by_hand():
@@ -66,6 +67,46 @@ def test_all_equal_rewards_give_zero_advantages_for_every_type():
     for fn in (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline):
         assert torch.equal(fn(equal), torch.zeros(2, 4)), fn.__name__
     assert zero_groups(grpo(REWARDS)).tolist() == [False, True, False]
+
+
+# Rewards whose float32 group mean is off by an ulp (0.01, 0.1, 0.11, ...), and extremes.
+EQUAL_REWARDS = [k / 100 for k in range(101)] + [1 / 3, 2 / 3, -0.7, 1e-9, -1e-9, 1e9, 123.456]
+BUILTIN_CONFIGS = {
+    "grpo": GrpoAdvantageConfig(),
+    "grpo_no_std": GrpoAdvantageConfig(std_normalize=False),
+    "dr_grpo": DrGrpoAdvantageConfig(),
+    "rloo": RlooAdvantageConfig(),
+    "rpp_baseline": RppBaselineAdvantageConfig(),
+}
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
+@pytest.mark.parametrize("size", [2, 3, 4, 7, 8, 16, 64])
+@pytest.mark.parametrize("name", BUILTIN_CONFIGS)
+def test_equal_reward_groups_give_exactly_zero_and_are_flagged(name, size, normalize):
+    # Every equal group shares the batch with one informative group (which must stay non-zero).
+    equal = torch.tensor(EQUAL_REWARDS, dtype=torch.float64)[:, None].expand(-1, size)
+    informative = torch.linspace(0, 1, size, dtype=torch.float64)[None]
+    flags = [True] * len(EQUAL_REWARDS) + [False]
+    for dtype in (torch.float32, torch.float64):  # the orchestrator hands over float32 rewards
+        rewards = torch.cat([equal, informative]).to(dtype)
+        assert equal_groups(rewards).tolist() == flags
+        advantages = compute_advantages(BUILTIN_CONFIGS[name], rewards, normalize)
+        nonzero = [v for v, row in zip(EQUAL_REWARDS, advantages[:-1].tolist(), strict=True) if any(row)]
+        assert not nonzero, f"{dtype}: equal rewards {nonzero[:5]} give non-zero advantages"
+        assert zero_groups(advantages).tolist() == flags
+    # A batch of equal groups only (std 0 under whitening) is all zeros too.
+    assert not compute_advantages(BUILTIN_CONFIGS[name], equal.float(), normalize).any()
+
+
+def test_custom_advantages_are_used_as_returned_and_flagged_by_exact_zeros():
+    equal_and_zero = torch.tensor([[0.1] * 8, [0.0] * 8, [0.0, 1.0] * 4])
+    config = CustomAdvantageConfig(import_path=f"{__name__}:scaled_reward")
+    advantages = compute_advantages(config, equal_and_zero)
+    # A fixed-baseline function: the equal group of 0.1 carries signal, the one of 0.0 has none.
+    assert torch.equal(advantages, equal_and_zero) and zero_groups(advantages).tolist() == [False, True, False]
+    whitened = compute_advantages(config, equal_and_zero, normalize=True)
+    assert zero_groups(whitened).tolist() == [False, True, False] and bool(whitened[0].ne(0).all())
 
 
 @pytest.mark.parametrize("fn", [grpo, dr_grpo, rloo, reinforce_plus_plus_baseline])

@@ -14,7 +14,7 @@ from prime_rl.configs.rl import RLConfig
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
 from prime_rl.rl import prepare_output_dir
-from prime_rl.utils.errors import ConfigError
+from prime_rl.utils.errors import ConfigError, UserError
 
 
 def rl_config(tmp_path, *extra):
@@ -100,11 +100,43 @@ def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files
     for step in range(6):
         (run / "rollouts" / f"step_{step}").mkdir(parents=True)
         (run / "weights" / f"step_{step}").mkdir(parents=True)
+    (run / "rollouts" / ".step_6.k2j3.tmp").mkdir()  # a write the interrupted run did not finish
+    (run / "checkpoints" / "step_4" / ".trainer.tmp").mkdir()
+    lines = [{"step": s, "source": src, "x": 1.0} for s in range(6) for src in ("trainer", "orchestrator")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 5, "sou')
     config = rl_config(tmp_path, "--ckpt.resume-step", "latest")
     assert resume_from(config) == 3
     assert config.trainer.ckpt.resume_step == config.orchestrator.ckpt.resume_step == 3
     assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_0", "step_1", "step_2"]
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_0", "step_1", "step_2", "step_3"]
-    with pytest.raises(ConfigError, match="available: \\[2, 3\\]"):
+    assert not (run / "checkpoints" / "step_4" / ".trainer.tmp").exists()
+    # Steps >= 3 are re-run: their old metric lines go (and the torn last line), nothing else.
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["source"]) for r in rows] == [(s, src) for s in range(3) for src in ("trainer", "orchestrator")]
+    with pytest.raises(UserError, match="complete steps: 2, 3"):
         resume_from(rl_config(tmp_path, "--ckpt.resume-step", "4"))
     assert resume_from(rl_config(tmp_path)) is None
+
+
+def test_progress_of_a_resumed_run_starts_at_the_resume_step(tmp_path):
+    """Regression (issue 11.3): the bar counted from the last line it found, the interrupted run's."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from prime_rl.rl import ProgressView
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "source": "trainer", "perf/step_time_s": 1.0}) + "\n"
+                            for s in range(3)))
+    out = StringIO()
+    view = ProgressView(Console(file=out, force_terminal=False), total=6, start=3)
+    tail = MetricsTail(path)
+    tail.poll()
+    view.update(tail)
+    assert out.getvalue() == ""  # nothing new trained yet: no line from the old run's steps
+    with open(path, "a") as f:
+        f.write(json.dumps({"step": 3, "source": "trainer", "perf/step_time_s": 2.0}) + "\n")
+    tail.poll()
+    view.update(tail)
+    assert out.getvalue().startswith("step 4/6")

@@ -26,7 +26,7 @@ DEFAULT_NORMALIZATION = {
     "cispo": "token",
     "vanilla": "token",
     "grpo": "sequence",
-    "bnpo": "token_local",
+    "bnpo": "token",  # TRL's sum(l) / sum(T), over the step
     "dr_grpo": "constant",
     "dapo": "token",
     "gspo": "sequence",

@@ -63,3 +63,67 @@ def test_wandb_mode_default_follows_api_key(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "x")
     assert resolve_wandb_mode(WandbConfig()) == "online"
     assert resolve_wandb_mode(WandbConfig(mode="disabled")) == "disabled"
+
+
+def test_resumed_monitor_drops_its_stale_steps_and_keeps_the_other_source(tmp_path):
+    """Regression (issue 11.3): after a resume, metrics.jsonl kept the old run's lines of the re-run steps."""
+    first = Monitor(tmp_path, "trainer", WandbConfig(mode="disabled"))
+    other = Monitor(tmp_path, "orchestrator", WandbConfig(mode="disabled"))
+    for step in range(5):
+        first.log({"loss/total": 1.0}, step)
+        other.log({"reward/mean": 0.5}, step)
+    resumed = Monitor(tmp_path, "trainer", WandbConfig(mode="disabled"), resume_step=3)
+    for step in (3, 4):
+        resumed.log({"loss/total": 2.0}, step)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trainer = [(r["step"], r["loss/total"]) for r in rows if r["source"] == "trainer"]
+    assert trainer == [(0, 1.0), (1, 1.0), (2, 1.0), (3, 2.0), (4, 2.0)]
+    assert [r["step"] for r in rows if r["source"] == "orchestrator"] == [0, 1, 2, 3, 4]
+
+
+def test_appends_are_not_lost_while_another_process_drops_stale_lines(tmp_path):
+    """The resume rewrite and the appends of other processes share a lock: no appended line is lost."""
+    import subprocess
+    import sys
+
+    from prime_rl.monitor.sinks import drop_steps_from
+
+    path = tmp_path / "metrics.jsonl"
+    code = (
+        "import sys; from prime_rl.monitor import Monitor; from prime_rl.configs.shared import WandbConfig\n"
+        "m = Monitor(sys.argv[1], 'trainer', WandbConfig(mode='disabled'), console=False)\n"
+        "[m.log({'loss/total': 1.0}, i) for i in range(2000)]\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)])
+    stale = Monitor(tmp_path, "orchestrator", WandbConfig(mode="disabled"), console=False)
+    rewrites = 0
+    while proc.poll() is None:
+        stale.log({"reward/mean": 0.5}, 7)
+        rewrites += drop_steps_from(path, 5, ("orchestrator",))
+    assert proc.wait() == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rewrites > 10  # the rewrites really overlapped the appends
+    assert [r["step"] for r in rows if r["source"] == "trainer"] == list(range(2000))
+    assert not [r for r in rows if r["source"] == "orchestrator"]
+
+
+@pytest.mark.slow
+def test_resumed_wandb_run_holds_every_step_once(tmp_path):
+    """The resumed component's W&B run replays the surviving steps, then logs the re-run ones."""
+    config = WandbConfig(mode="offline", project="test")
+    first = Monitor(tmp_path, "trainer", config)
+    for step in range(4):
+        first.log({"loss/total": 1.0}, step)
+    first.close()
+    resumed = Monitor(tmp_path, "trainer", config, resume_step=2)
+    for step in (2, 3):
+        resumed.log({"loss/total": 2.0}, step)
+    resumed.close()
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime)
+    assert len(runs) == 2
+    rows = history(runs[-1])
+    deadline = time.monotonic() + 30
+    while len(rows) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        rows = history(runs[-1])
+    assert [(row["_step"], row["loss/total"]) for row in rows] == [(0, 1.0), (1, 1.0), (2, 2.0), (3, 2.0)]

@@ -6,7 +6,8 @@ import importlib.util
 
 import pytest
 
-from prime_rl.configs.cli import build_config
+from prime_rl.configs.cli import build_config, parse_config
+from prime_rl.configs.rl import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.utils.errors import ConfigError
 
@@ -78,3 +79,24 @@ def test_one_rollout_per_example_is_fine_for_a_custom_advantage():
     config = build("--rollouts-per-example", "1", "--batch-size", "4", "--advantage.type", "custom",
                    "--advantage.import-path", "prime_rl.orchestrator.advantage:whiten")
     assert config.advantage.type == "custom"
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "-0.5", "1e-4", "inf", "nan"])
+@pytest.mark.parametrize("config_cls", [OrchestratorConfig, RLConfig])
+def test_training_temperature_must_be_positive_and_finite(capsys, config_cls, value):
+    # The trainer computes log_softmax(logits / T): T = 0 gives NaN at step 0.
+    key = "orchestrator.sampling.temperature" if config_cls is RLConfig else "sampling.temperature"
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(config_cls, [f"--{key}", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"invalid value for '{key}': training needs a finite temperature >= 0.001" in err
+    assert "greedy decoding (0) is for eval.temperature only" in err
+
+
+def test_greedy_is_for_eval_only():
+    assert build("--sampling.temperature", "0.001").sampling.temperature == 0.001
+    config = build("--eval.temperature", "0", "--eval.interval", "1")
+    assert config.eval.temperature == 0.0 and config.sampling.temperature == 1.0
+    with pytest.raises(ConfigError, match=r"eval.temperature': Input should be a finite number"):
+        build("--eval.temperature", "inf")

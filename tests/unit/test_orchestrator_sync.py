@@ -101,6 +101,7 @@ def test_parse_chat_response():
 def test_checkpoint_round_trip_and_latest(tmp_path):
     for step in (1, 2, 3):
         save_state(tmp_path, OrchestratorState(step, {"reverse-text": step * 4}, None), keep=2)
+    # Without a trainer in the run, the orchestrator's parts are the complete checkpoints.
     assert not (tmp_path / "checkpoints" / "step_1" / "orchestrator").exists()  # pruned
     assert load_state(tmp_path, 3).env_cursors == {"reverse-text": 12}
     assert resolve_resume_step(tmp_path, CkptConfig(resume_step="latest")) == 3
@@ -108,5 +109,5 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
     (tmp_path / "checkpoints" / "step_2" / "trainer").mkdir()
     assert resolve_resume_step(tmp_path, CkptConfig(resume_step="latest")) == 2
     assert resolve_resume_step(tmp_path, CkptConfig()) is None
-    with pytest.raises(UserError, match=r"no orchestrator checkpoint for step 7 .* \(available: 2, 3\)"):
+    with pytest.raises(UserError, match=r"resume_step = 7: no complete checkpoint .* \(complete steps: 2\)"):
         resolve_resume_step(tmp_path, CkptConfig(resume_step=7))

@@ -50,4 +50,5 @@ def test_single_process_scale_counts_padding_rows_as_no_samples():
     batch = rank_batch(0)
     batch.micro_batches[1].loss_mask[:] = False  # a padding row
     scale = step_scale(batch, torch.device("cpu"))
-    assert (scale.total_loss_tokens, scale.num_samples, scale.num_micro_batches) == (12, 3, 2)
+    # A padding row has no trained token: it is neither a sample nor a micro-batch of `token_local`.
+    assert (scale.total_loss_tokens, scale.num_samples, scale.num_micro_batches) == (12, 3, 1)

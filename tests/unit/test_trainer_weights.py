@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from prime_rl.trainer.dist import init_distributed
 from prime_rl.trainer.weights import weights_dir, write_weights
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
-from prime_rl.utils.fs import list_steps, prune_steps
+from prime_rl.utils.fs import list_steps
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +50,3 @@ def test_failed_write_leaves_nothing(tmp_path, model_and_tok, monkeypatch):
         write_weights(model, tok, tmp_path, 3, is_main=True)
     assert not weights_dir(tmp_path, 3).exists()
     assert list((tmp_path / "weights").iterdir()) == []
-
-
-def test_prune_subdir_only(tmp_path):
-    for step in (1, 2, 3):
-        (tmp_path / f"step_{step}" / "trainer").mkdir(parents=True)
-    (tmp_path / "step_1" / "orchestrator").mkdir()
-    prune_steps(tmp_path, keep=1, subdir="trainer")
-    assert list_steps(tmp_path) == [1, 3]  # step_1 keeps the orchestrator's part
-    assert not (tmp_path / "step_1" / "trainer").exists()

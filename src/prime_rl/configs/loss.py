@@ -26,7 +26,7 @@ class _LossCommon(BaseConfig):
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL-to-reference penalty (needs `ref_logprobs` in the batch when > 0)."""
     kl_type: KLType = "k3"
-    """KL estimator on `log ratio = lp - ref`: k1 = log ratio, k2 = (log ratio)^2 / 2, k3 = exp(-log ratio) + log ratio - 1, low_var_kl = k3 clamped to [-10, 10]."""
+    """KL estimator on `d = lp - ref`: k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (exp(-d) continued linearly below d = -20, so it cannot overflow), low_var_kl = k3 with d clamped to [-20, 20], then clamped to [-10, 10]."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Weight of the entropy bonus (subtracts entropy_coef * entropy per token; needs entropies from the trainer)."""
 
@@ -136,7 +136,7 @@ class PPOClipConfig(_LossCommon):
     dual_clip_c: float | None = Field(default=None, gt=1)
     """Dual clip: for A < 0 the loss is capped at -c * A (None = off; must be > 1)."""
     opsm_delta: float | None = Field(default=None, ge=0)
-    """Off-policy sequence masking: drop a sample with A < 0 and mean(lq - lp) > delta (None = off)."""
+    """Off-policy sequence masking: drop token t when A_t < 0 and its sample's mean(lq - lp) > delta (None = off)."""
 
 
 class GrpoLossConfig(PPOClipConfig):
@@ -148,15 +148,15 @@ class GrpoLossConfig(PPOClipConfig):
 
 
 class BnpoLossConfig(PPOClipConfig):
-    """BNPO: clipped surrogate, token mean within each micro-batch (arXiv 2506.02864)."""
+    """`bnpo`: clipped surrogate, sum over the step's trained tokens / their count (TRL's `loss_type = "bnpo"`)."""
 
     type: Literal["bnpo"] = "bnpo"
-    normalization: Normalization = "token_local"
+    normalization: Normalization = "token"
     """How per-token losses are reduced over the step."""
 
 
 class DrGrpoLossConfig(PPOClipConfig):
-    """Dr. GRPO: clipped surrogate, sum divided by a constant N * max_tokens (arXiv 2503.20783)."""
+    """Dr. GRPO: clipped surrogate, sum divided by a constant N * max_tokens, N = samples with a trained token (arXiv 2503.20783)."""
 
     type: Literal["dr_grpo"] = "dr_grpo"
     normalization: Normalization = "constant"

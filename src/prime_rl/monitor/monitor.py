@@ -9,7 +9,7 @@ import torch
 
 from prime_rl.configs.shared import WandbConfig
 from prime_rl.configs.toml_io import write_toml
-from prime_rl.monitor.sinks import ConsoleSink, JsonlSink, WandbSink
+from prime_rl.monitor.sinks import ConsoleSink, JsonlSink, WandbSink, drop_steps_from, read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -25,6 +25,8 @@ class Monitor:
 
     The run config is written to `<output_dir>/configs/<source>.toml` and recorded in W&B.
     Non-finite values are logged as they are (the JSONL line holds NaN) so they stay visible.
+    A component resumed at step N passes `resume_step=N`: its lines of steps >= N are dropped
+    from metrics.jsonl (they are logged again) and W&B gets a run holding every step once.
     """
 
     def __init__(
@@ -35,16 +37,23 @@ class Monitor:
         run_config: dict[str, Any] | None = None,
         console: bool = True,
         console_keys: tuple[str, ...] | None = None,
+        resume_step: int | None = None,
     ):
         self.output_dir = Path(output_dir)
         self.source = source
         if run_config is not None:
             write_toml(self.output_dir / "configs" / f"{source}.toml", run_config)
-        self.jsonl = JsonlSink(self.output_dir / METRICS_FILE, source)
+        path = self.output_dir / METRICS_FILE
+        history: list[dict[str, Any]] = []
+        if resume_step is not None:
+            # Steps >= resume_step are re-run: their old lines go, so every step appears once.
+            drop_steps_from(path, resume_step, (source,))
+            history = [row for row in read_jsonl(path) if row.get("source") == source]
+        self.jsonl = JsonlSink(path, source)
         self.sinks: list[Any] = [self.jsonl]
         if console:
             self.sinks.append(ConsoleSink(source, console_keys))
-        self.wandb = WandbSink(wandb or WandbConfig(), self.output_dir, source, run_config)
+        self.wandb = WandbSink(wandb or WandbConfig(), self.output_dir, source, run_config, resume_step, history)
         self.sinks.append(self.wandb)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

@@ -10,7 +10,24 @@ mean_g = (1/R) sum_j r_gj and the sample std std_g = sqrt(sum_j (r_gj - mean_g)^
     custom                        A = fn(rewards, **kwargs), same shape
 
 `whiten` is the optional global normalisation (`normalize_advantages`) applied after any
-type. A group whose rewards are all equal gets A = 0 under every built-in type.
+type.
+
+All of it is computed in float64 (the built-in functions return float64;
+`compute_advantages` returns float32 for the batch file).
+
+Equal groups. A group whose rewards are all equal (max_j r_gj == min_j r_gj, compared
+exactly, `equal_groups`) has nothing to compare: every built-in type gives it A = 0
+exactly, not the rounding residue of r_gi - mean_g (which grpo's division by std_g + eps
+would blow up to |A| ~ 0.03-0.1 for rewards such as 0.3 in float32), and `whiten` keeps a
+group that is all exactly 0 at exactly 0 (for group-centered values mean(a) = 0, so this
+only removes rounding). A group is zero-advantage (`zero_groups`: what
+`filter_zero_advantage` and dynamic sampling drop) iff its advantages are all exactly 0;
+for the built-in types that is iff its rewards are all equal.
+
+A custom function's output is used as returned: it may use a fixed baseline or run with
+one rollout per example, where a group of equal rewards does carry signal. It gets float64
+rewards; a group-relative custom function should return exact 0s on `equal_groups(rewards)`
+for those groups to count as zero-advantage.
 """
 
 from __future__ import annotations
@@ -34,8 +51,28 @@ def _check_groups(rewards: Tensor, name: str) -> None:
         raise ValueError(f"{name} needs at least 2 rollouts per example (got {rewards.shape[1]}): it compares them")
 
 
+def equal_groups(rewards: Tensor) -> Tensor:
+    """Bool [groups]: the groups whose rewards are all exactly equal (max == min, no tolerance)."""
+    return rewards.amax(dim=1) == rewards.amin(dim=1)
+
+
+def zero_groups(advantages: Tensor) -> Tensor:
+    """Bool [groups]: the groups whose advantages are all exactly 0 (no learning signal).
+
+    For the built-in types these are exactly the groups of equal rewards (module docstring).
+    """
+    return (advantages == 0).all(dim=1)
+
+
+def _zero_rows(values: Tensor, rows: Tensor) -> Tensor:
+    """`values` with the rows where `rows` [groups] is true set to exactly 0."""
+    return values.masked_fill(rows[:, None], 0.0)
+
+
 def _centered(rewards: Tensor) -> Tensor:
-    return rewards - rewards.mean(dim=1, keepdim=True)
+    """r_gi - mean_g in float64, exactly 0 on equal groups."""
+    rewards = rewards.double()
+    return _zero_rows(rewards - rewards.mean(dim=1, keepdim=True), equal_groups(rewards))
 
 
 def grpo(rewards: Tensor, std_normalize: bool = True) -> Tensor:
@@ -43,7 +80,7 @@ def grpo(rewards: Tensor, std_normalize: bool = True) -> Tensor:
     centered = _centered(rewards)
     if not std_normalize:
         return centered
-    return centered / (rewards.std(dim=1, keepdim=True) + EPS)
+    return centered / (rewards.double().std(dim=1, keepdim=True) + EPS)
 
 
 def dr_grpo(rewards: Tensor) -> Tensor:
@@ -59,11 +96,15 @@ def rloo(rewards: Tensor) -> Tensor:
 
 
 def whiten(values: Tensor) -> Tensor:
-    """(x - mean) / (std + eps) over all elements (population std; a single element gives 0)."""
+    """(x - mean) / (std + eps) over all elements of [groups, rollouts] (population std).
+
+    Rows that are all exactly 0 stay exactly 0 (they are the no-signal groups; for
+    group-centered values mean = 0 and this only removes rounding). A single element gives 0.
+    """
     if values.numel() == 0:
         return values
     centered = values - values.mean()
-    return centered / (values.std(correction=0) + EPS)
+    return _zero_rows(centered / (values.std(correction=0) + EPS), zero_groups(values))
 
 
 def reinforce_plus_plus_baseline(rewards: Tensor) -> Tensor:
@@ -81,7 +122,7 @@ def _custom(config) -> Callable[[Tensor], Tensor]:
             raise PrimeError(
                 f"custom advantage {config.import_path} returned {got}, expected a tensor of shape {tuple(rewards.shape)}"
             )
-        return result.float()
+        return result.double()
 
     return call
 
@@ -102,16 +143,15 @@ def advantage_fn(config: AdvantageConfig) -> Callable[[Tensor], Tensor]:
 
 
 def compute_advantages(config: AdvantageConfig, rewards: Tensor, normalize: bool = False) -> Tensor:
-    """Advantages of `rewards` [groups, rollouts] under `config`, optionally whitened over the batch."""
+    """Float32 advantages of `rewards` [groups, rollouts] under `config`, optionally whitened over the batch.
+
+    Computed in float64 (a custom function gets float64 rewards); equal-reward groups give
+    exactly 0 under the built-in types, also after whitening (module docstring).
+    """
     if rewards.numel() == 0:  # every group filtered out: nothing to compute
         return torch.zeros_like(rewards, dtype=torch.float32)
-    advantages = advantage_fn(config)(rewards.float())
-    return whiten(advantages) if normalize else advantages
-
-
-def zero_groups(advantages: Tensor, atol: float = 1e-8) -> Tensor:
-    """Bool [groups]: the groups whose advantages are all (numerically) zero."""
-    return (advantages.abs() <= atol).all(dim=1)
+    advantages = advantage_fn(config)(rewards.double())
+    return (whiten(advantages) if normalize else advantages).float()
 
 
 def pass_at_k(solved: Tensor) -> float:

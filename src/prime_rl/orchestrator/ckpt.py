@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prime_rl.configs.shared import CkptConfig
+from prime_rl.run_dir import ORCHESTRATOR, checkpoint_dir, prune_checkpoints
+from prime_rl.run_dir import resolve_resume_step as resolve_complete_step
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.fs import atomic_dir, list_steps, prune_steps, step_path
+from prime_rl.utils.fs import atomic_dir
 
-SUBDIR = "orchestrator"
 STATE_FILE = "state.json"
 
 
@@ -47,50 +48,22 @@ def rng_from_json(state: list) -> random.Random:
     return rng
 
 
-def checkpoints_dir(output_dir: Path) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
 def save_state(output_dir: Path, state: OrchestratorState, keep: int | None = None) -> Path:
-    target = step_path(checkpoints_dir(output_dir), state.step) / SUBDIR
+    """Write `checkpoints/step_N/orchestrator/` and apply the run's retention rule (`run_dir`)."""
+    target = checkpoint_dir(output_dir, state.step, ORCHESTRATOR)
     with atomic_dir(target) as tmp:
         (tmp / STATE_FILE).write_text(state.to_json())
-    prune_steps(checkpoints_dir(output_dir), keep, subdir=SUBDIR)
+    prune_checkpoints(output_dir, keep)
     return target
 
 
-def has_checkpoint(output_dir: Path, step: int, part: str) -> bool:
-    """Whether `part` ("orchestrator" or "trainer") saved a checkpoint of `step`."""
-    return (step_path(checkpoints_dir(output_dir), step) / part).is_dir()
-
-
 def resolve_resume_step(output_dir: Path, ckpt: CkptConfig) -> int | None:
-    """The checkpoint step to resume from, or None for a fresh start.
-
-    'latest' is the newest step with an orchestrator checkpoint and, if the trainer has
-    written any checkpoint in this run, a trainer checkpoint too (the orchestrator runs
-    ahead of the trainer, so its newest may not have a trainer partner yet).
-    """
-    if ckpt.resume_step is None:
-        return None
-    steps = list_steps(checkpoints_dir(output_dir))
-    ours = [s for s in steps if has_checkpoint(output_dir, s, SUBDIR)]
-    if ckpt.resume_step == "latest":
-        if any(has_checkpoint(output_dir, s, "trainer") for s in steps):
-            ours = [s for s in ours if has_checkpoint(output_dir, s, "trainer")]
-        if not ours:
-            raise UserError(f"ckpt.resume_step = 'latest' but {checkpoints_dir(output_dir)} has no orchestrator checkpoint")
-        return ours[-1]
-    if ckpt.resume_step not in ours:
-        raise UserError(
-            f"no orchestrator checkpoint for step {ckpt.resume_step} in {checkpoints_dir(output_dir)} "
-            f"(available: {', '.join(map(str, ours)) or 'none'})"
-        )
-    return ckpt.resume_step
+    """The checkpoint step to resume from (None: start fresh): the run directory's one rule."""
+    return resolve_complete_step(output_dir, ckpt.resume_step)
 
 
 def load_state(output_dir: Path, step: int) -> OrchestratorState:
-    path = step_path(checkpoints_dir(output_dir), step) / SUBDIR / STATE_FILE
+    path = checkpoint_dir(output_dir, step, ORCHESTRATOR) / STATE_FILE
     try:
         return OrchestratorState.from_json(path.read_text())
     except (OSError, ValueError, KeyError) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -62,15 +63,29 @@ class EnvConfig(BaseConfig):
         return self
 
 
+MIN_TRAIN_TEMPERATURE = 1e-3
+
+
 class SamplingConfig(BaseConfig):
     """Sampling parameters of training rollouts."""
 
-    temperature: Annotated[float, Field(ge=0)] = 1.0
-    """Sampling temperature (the trainer divides logits by it too)."""
+    temperature: float = 1.0
+    """Sampling temperature T, finite and >= 1e-3: the trainer scores tokens with log_softmax(logits / T), so T = 0 (greedy) cannot be trained on (use eval.temperature = 0 for greedy evaluation)."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling mass (keep 1.0 for RL: the trainer does not truncate)."""
     max_tokens: Annotated[int, Field(gt=0)] = 128
     """Most completion tokens per rollout."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _trainable_temperature(cls, value: float) -> float:
+        # Not `value >= MIN` alone: NaN compares false both ways.
+        if not (math.isfinite(value) and value >= MIN_TRAIN_TEMPERATURE):
+            raise ValueError(
+                f"training needs a finite temperature >= {MIN_TRAIN_TEMPERATURE:g} (the trainer divides logits by it); "
+                "greedy decoding (0) is for eval.temperature only"
+            )
+        return value
 
 
 class GrpoAdvantageConfig(BaseConfig):
@@ -136,8 +151,8 @@ class EvalConfig(BaseConfig):
     """Examples per environment (the same ones every time)."""
     rollouts: Annotated[int, Field(gt=0)] = 1
     """Completions per example: k of pass@k."""
-    temperature: Annotated[float, Field(ge=0)] = 0.0
-    """Sampling temperature (0: greedy)."""
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Sampling temperature, finite; 0 is greedy decoding (argmax), allowed here because eval rollouts are never trained on."""
     success_threshold: Annotated[float, Field(ge=0, le=1)] = 1.0
     """A completion counts as solved for pass@k when its reward is at least this."""
 

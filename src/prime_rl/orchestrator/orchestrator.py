@@ -50,8 +50,9 @@ log = get_logger("orchestrator")
 
 
 def rewards_tensor(groups: list[Group], n: int) -> torch.Tensor:
-    """Rewards as [groups, n] (n = completions per group; also for no groups)."""
-    return torch.tensor([g.rewards for g in groups], dtype=torch.float32).reshape(len(groups), n)
+    """Rewards as float64 [groups, n] (n = completions per group; also for no groups): equal groups are
+    detected exactly on these values, so they must not be rounded to float32 first."""
+    return torch.tensor([g.rewards for g in groups], dtype=torch.float64).reshape(len(groups), n)
 
 
 class Orchestrator:
@@ -154,10 +155,9 @@ class Orchestrator:
 
     def checkpoint(self, next_step: int) -> None:
         self.state = OrchestratorState(next_step, dict(self.source.cursors), rng_to_json(self.source.rng))
-        # The orchestrator runs up to max_async_level + 1 steps ahead of the trainer, so it keeps that many
-        # more (tiny) checkpoints: the newest trainer checkpoint always has its orchestrator partner.
-        keep = self.config.ckpt.keep
-        save_state(self.config.output_dir, self.state, keep + self.config.max_async_level + 1 if keep else None)
+        # Retention counts complete (trainer + orchestrator) steps: the parts this process writes ahead
+        # of the trainer are kept until their partner arrives (run_dir.prune_checkpoints).
+        save_state(self.config.output_dir, self.state, self.config.ckpt.keep)
 
 
 async def run(config: OrchestratorConfig) -> None:
@@ -168,7 +168,7 @@ async def run(config: OrchestratorConfig) -> None:
         remove_steps_from(config.output_dir / "rollouts", state.step)
         log.info(f"resuming from checkpoint step {resume}")
     monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config.model_dump(mode="json"),
-                      console_keys=CONSOLE_KEYS)
+                      console_keys=CONSOLE_KEYS, resume_step=resume)
     try:
         async with InferenceClient(config.client) as client:
             model = await client.wait_ready()

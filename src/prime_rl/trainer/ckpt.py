@@ -20,18 +20,12 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from prime_rl.configs.shared import CkptConfig
-from prime_rl.utils.errors import UserError
-from prime_rl.utils.fs import list_steps, prune_steps, step_path
-
-COMPONENT = "trainer"
-
-
-def ckpt_root(output_dir: Path) -> Path:
-    return Path(output_dir) / "checkpoints"
+from prime_rl.run_dir import TRAINER, checkpoint_dir, prune_checkpoints
+from prime_rl.run_dir import resolve_resume_step as resolve_complete_step
 
 
 def ckpt_dir(output_dir: Path, step: int) -> Path:
-    return step_path(ckpt_root(output_dir), step) / COMPONENT
+    return checkpoint_dir(output_dir, step, TRAINER)
 
 
 def _rng_state() -> dict:
@@ -53,7 +47,7 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
     """Collective: every rank calls it after `step` optimizer steps."""
     rank = dist.get_rank()
     final = ckpt_dir(output_dir, step)
-    tmp = final.parent / f".{COMPONENT}.tmp"
+    tmp = final.parent / f".{TRAINER}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -68,24 +62,14 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        prune_steps(ckpt_root(output_dir), keep, subdir=COMPONENT)
+        prune_checkpoints(output_dir, keep)
     dist.barrier()
     return final
 
 
 def resolve_resume_step(output_dir: Path, ckpt: CkptConfig) -> int | None:
-    """The checkpoint step to resume from (None: start fresh); errors name what is missing."""
-    if ckpt.resume_step is None:
-        return None
-    steps = [s for s in list_steps(ckpt_root(output_dir)) if (ckpt_dir(output_dir, s) / "meta.pt").exists()]
-    if ckpt.resume_step == "latest":
-        if not steps:
-            raise UserError(f"ckpt.resume_step = 'latest' but there is no trainer checkpoint in {ckpt_root(output_dir)}")
-        return steps[-1]
-    if ckpt.resume_step not in steps:
-        raise UserError(f"no trainer checkpoint {ckpt_dir(output_dir, ckpt.resume_step)} to resume from "
-                        f"(found steps: {steps or 'none'})")
-    return ckpt.resume_step
+    """The checkpoint step to resume from (None: start fresh): the run directory's one rule."""
+    return resolve_complete_step(output_dir, ckpt.resume_step)
 
 
 def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -86,5 +86,7 @@ class TrainerConfig(RunConfig):
     """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
     batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     """How long to wait for a rollout batch rollouts/step_N/ before giving up."""
+    max_async_level: Annotated[int, Field(ge=0)] = 1
+    """The orchestrator's max_async_level (`rl` hands it down): step N trains only samples with N - this <= policy_step <= N."""
     num_processes: Annotated[int, Field(ge=1)] = 1
     """Trainer ranks: `rl` runs `torchrun --nproc-per-node num_processes` when > 1 (one GPU each, or CPU/gloo)."""

@@ -23,7 +23,7 @@ from prime_rl.trainer.dist import all_reduce_sum, init_distributed
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
-from prime_rl.trainer.weights import write_weights
+from prime_rl.trainer.weights import weights_dir, write_weights
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.logging import setup_logging
 
@@ -70,7 +70,8 @@ class TrainSession:
             self.log.info(f"resumed from {ckpt_io.ckpt_dir(self.output_dir, resume)} (continuing at step {resume})")
         self.monitor = None
         if self.dist.is_main:
-            self.monitor = Monitor(self.output_dir, source, config.wandb, config.model_dump(mode="json"))
+            self.monitor = Monitor(self.output_dir, source, config.wandb, config.model_dump(mode="json"),
+                                   resume_step=resume)
         self.log.info(f"{source}: {self.num_params / 1e6:.2f}M parameters on {self.dist.world_size} rank(s), "
                       f"device {self.dist.device}")
 
@@ -111,6 +112,20 @@ class TrainSession:
         if done == self.config.max_steps or (interval is not None and done % interval == 0):
             ckpt_io.save_checkpoint(self.output_dir, done, self.model, self.optimizer, self.scheduler, extra,
                                     self.config.ckpt.keep)
+
+    def publish_resumed_weights(self) -> None:
+        """After a resume from step N, make sure `weights/step_N` exists: the orchestrator needs
+        weights >= N - max_async_level to generate step N, and retention (`keep_weights`) may
+        have deleted them while the interrupted run went on past its checkpoint."""
+        keep = getattr(self.config, "keep_weights", None)
+        if self.start_step == 0:
+            return
+        # Every rank must agree (writing is a collective): rank 0's view decides.
+        missing = self.dist.is_main and not weights_dir(self.output_dir, self.start_step).is_dir()
+        (missing,) = all_reduce_sum([int(missing)], self.dist.device)
+        if missing:
+            write_weights(self.model, self.tokenizer, self.output_dir, self.start_step, self.dist.is_main, keep)
+            self.log.info(f"rewrote {weights_dir(self.output_dir, self.start_step)} from the resumed checkpoint")
 
     def perf_metrics(self, tokens: int, step_time: float, avg_seq_len: float) -> dict[str, float]:
         """perf/* of one step; `tokens` counts this rank only (summed over ranks here)."""

@@ -53,10 +53,14 @@ class MicroBatch:
         return int(self.loss_mask.sum())
 
     @property
+    def trained_samples(self) -> torch.Tensor:
+        """Bool [S]: the samples with at least one trained token (a padding row's sample has none)."""
+        return torch.segment_reduce(self.loss_mask.float(), "sum", lengths=self.sample_lens) > 0
+
+    @property
     def num_samples(self) -> int:
         """Samples with at least one trained token (padding rows count zero)."""
-        per_sample = torch.segment_reduce(self.loss_mask.float(), "sum", lengths=self.sample_lens)
-        return int((per_sample > 0).sum())
+        return int(self.trained_samples.sum())
 
     def validate(self) -> None:
         T = self.num_tokens

@@ -101,12 +101,9 @@ def remove_steps_from(directory: Path, first: int) -> None:
             shutil.rmtree(step_path(directory, step), ignore_errors=True)
 
 
-def prune_steps(directory: Path, keep: int | None, subdir: str | None = None) -> None:
-    """Delete all but the newest `keep` step_N directories (or their `subdir`)."""
+def prune_steps(directory: Path, keep: int | None) -> None:
+    """Delete all but the newest `keep` step_N directories (checkpoints: `run_dir.prune_checkpoints`)."""
     if keep is None:
         return
     for step in list_steps(directory)[:-keep]:
-        target = step_path(directory, step)
-        shutil.rmtree(target / subdir if subdir else target, ignore_errors=True)
-        if subdir and target.is_dir() and not any(target.iterdir()):
-            target.rmdir()
+        shutil.rmtree(step_path(directory, step), ignore_errors=True)

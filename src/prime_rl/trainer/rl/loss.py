@@ -11,16 +11,33 @@ garbage there (prompt tokens, padding) cannot produce NaN.
 Notation: `log r = lp - lq`, `r = exp(log r)`, `sg` = stop-gradient (`.detach()`),
 `T_i` = trained tokens of sample i, `N` = samples in the step, `L` = `max_tokens`.
 
+Extreme and infinite ratios (on trained tokens)
+-----------------------------------------------
+- `log r` is clamped to [-B, B], B = `LOG_RATIO_BOUND` = 20, before any `exp`: r stays in
+  [2e-9, 4.9e8] and cannot overflow float32. Inside the bound everything is exact; beyond it
+  r is the constant e^(+-B) (the clamp passes no gradient), so a clipped branch's gradient is
+  exactly 0 instead of 0 * inf = NaN. Counted in `loss/ratio_clamped_frac`.
+- `lp = -inf` or `lq = -inf` (the trainer or the sampler gave the token probability 0): the
+  ratio is 0 or infinite and no variant defines a gradient for it, so the token is dropped
+  (no loss, no gradient, left out of every per-token metric) but still counts in the
+  normalization denominators, which are fixed before the trainer's logprobs exist. Counted
+  in `loss/nonfinite_ratio_frac`. NaN logprobs are corrupt input and are not hidden: the
+  loss becomes NaN and the trainer stops on the non-finite loss.
+
 Normalization (how a variant's per-token losses `l_t` become the step loss)
 ---------------------------------------------------------------------------
 - `token`:       sum_t l_t / (trained tokens of the whole step, all micro-batches and ranks)
-- `sequence`:    (1/N) sum_i (1/T_i) sum_{t in i} l_t
-- `token_local`: (1/M) sum_m [sum_{t in m} l_t / (trained tokens of micro-batch m)], M = micro-batches of the step
+- `sequence`:    (1/N) sum_i (1/T_i) sum_{t in i} l_t, N = samples with a trained token
+- `token_local`: (1/M) sum_m [sum_{t in m} l_t / (trained tokens of micro-batch m)], M = micro-batches
+                 of the step (all ranks) with at least one trained token: padding micro-batches do
+                 not count, but the value still depends on how samples are packed into micro-batches
 - `constant`:    sum_t l_t / (N * L)
 
 `build_loss(config)(inputs, scale)` returns one micro-batch's contribution, already divided
 by the step's denominators in `LossScale`, so that the step loss is the plain SUM of the
 contributions of all micro-batches on all ranks (backward each one; gradients accumulate).
+A variant that needs a statistic of the whole step (is_reshape: the variance of log r) reads
+it from `LossScale.log_ratio_moments`, filled by a no-grad pre-pass (`Loss.needs_log_ratio_moments`).
 
 Metrics
 -------
@@ -30,21 +47,25 @@ per-call scalars, e.g. `loss/gamma_base`, are `[value, 1]`). Sums of these pairs
 across micro-batches and ranks: stack them, `all_reduce(SUM)`, divide (`reduce_metrics`
 does the sum and division for a list of dicts). Keys (all variants unless noted):
 
-- `loss/importance_ratio`  mean r
-- `loss/soft_gate_weight`  mean per-token gradient weight relative to the plain IS gradient
-  `r * Â * grad lp` (Â = the variant's advantage, A unless shaped): 1 unclipped, 0 clipped or
-  masked, SAPO `4p(1-p)`, CISPO `clip(r)/r`, GSPO `s_i/r`, IS reshape `gamma*w_g/r`, FIPO `f_t`
-  times the DAPO weight, default with sequence ratio `r_seq/r`. When the per-token loss is
-  summed (token normalization with one token as denominator), `grad_t = -w_t * r_t * Â_t`.
+- `loss/importance_ratio`  mean r (of the clamped log r, so always finite)
+- `loss/soft_gate_weight`  mean of min(w_t, 1), w_t = the per-token gradient weight relative to
+  the plain IS gradient `r * Â * grad lp` (Â = the variant's advantage, A unless shaped): 1
+  unclipped, 0 clipped or masked, SAPO `4p(1-p)`, CISPO `clip(r)/r`, GSPO `s_i/r`, IS reshape
+  `gamma*w_g/r`, FIPO `f_t` times the DAPO weight, default with sequence ratio `r_seq/r`. When the
+  per-token loss is summed (token normalization with one token as denominator),
+  `grad_t = -w_t * r_t * Â_t`. w_t is unbounded above where r is small, so the mean is of
+  min(w_t, 1), in [0, 1] for every variant; `loss/soft_gate_amplified_frac` counts w_t > 1.
 - `loss/mismatch_kl`       mean (r - log r - 1), the k3 estimate of KL(inference || trainer)
 - `loss/clip_frac_low`, `loss/clip_frac_high`  fraction of tokens whose gradient a lower/upper
   bound removed or capped (a hard mask or clip; 0 for variants without bounds)
-- `loss/entropy` (when entropies are given), `loss/kl_ref` (when kl_coef > 0), and each
-  variant's own (see docs/losses.md).
+- `loss/ratio_clamped_frac`, `loss/nonfinite_ratio_frac`  see "Extreme and infinite ratios"
+- `loss/entropy` (when entropies are given), `loss/kl_ref` (when kl_coef > 0), `loss/teacher_kl`
+  (when teacher logprobs are given) and each variant's own (see docs/losses.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,31 +129,57 @@ class LossOutputs:
 
 @dataclass(frozen=True)
 class LossScale:
-    """The denominators of one optimizer step, counted over ALL micro-batches on ALL ranks."""
+    """The denominators (and step statistics) of one optimizer step, over ALL micro-batches on ALL ranks."""
 
     total_loss_tokens: int
     """Trained tokens (loss_mask true) in the step: the `token` denominator."""
     num_samples: int
-    """Samples with at least one trained token in the step: N of `sequence` and `constant`."""
+    """Samples with at least one trained token in the step: N of `sequence` and `constant`. A sample
+    whose tokens are all masked (a padding row, a truncated completion under `mask_truncated`)
+    is not counted."""
     max_tokens: int
     """Completion budget L (max new tokens per sample): `constant` divides by N * L."""
     num_micro_batches: int = 1
-    """Micro-batches in the step over all ranks: `token_local` averages over them."""
+    """M of `token_local`: micro-batches of the step over all ranks with at least one trained
+    token (padding micro-batches, which only even out the ranks' counts, do not count)."""
+    log_ratio_moments: tuple[float, float, float] | None = None
+    """`[sum log r, sum (log r)^2, count]` over the step's trained tokens (`log_ratio_moments`
+    summed over micro-batches and ranks); read by variants with `needs_log_ratio_moments`
+    (is_reshape). None: such a variant takes its own call's tokens as the whole step."""
 
     @classmethod
-    def from_counts(cls, counts: Tensor, max_tokens: int, num_micro_batches: int) -> LossScale:
+    def from_counts(cls, counts: Tensor, max_tokens: int) -> LossScale:
         """From the (all-reduced) sum of `scale_counts` of every micro-batch of the step."""
-        tokens, samples = (int(x) for x in counts.tolist())
+        tokens, samples, micro_batches = (int(x) for x in counts.tolist())
         return cls(
-            total_loss_tokens=tokens, num_samples=samples, max_tokens=max_tokens, num_micro_batches=num_micro_batches
+            total_loss_tokens=tokens, num_samples=samples, max_tokens=max_tokens, num_micro_batches=micro_batches
         )
+
+    def with_log_ratio_moments(self, moments: Tensor | Sequence[float]) -> LossScale:
+        """This scale carrying the step's (all-reduced) sum of `log_ratio_moments`."""
+        values = moments.tolist() if isinstance(moments, Tensor) else moments
+        s1, s2, n = (float(x) for x in values)
+        return dataclasses.replace(self, log_ratio_moments=(s1, s2, n))
 
 
 def scale_counts(inputs: LossInputs) -> Tensor:
-    """`[trained tokens, samples with a trained token]` of one micro-batch (long); sum over the
-    step's micro-batches, all-reduce across ranks, then `LossScale.from_counts`."""
+    """`[trained tokens, samples with a trained token, 1 if any token trains else 0]` of one
+    micro-batch (long); sum over the step's micro-batches, all-reduce across ranks, then
+    `LossScale.from_counts`."""
     per_sample = segment_sum(inputs.loss_mask.long(), inputs.sample_lens)
-    return torch.stack([per_sample.sum(), (per_sample > 0).sum()]).cpu()
+    tokens = per_sample.sum()
+    return torch.stack([tokens, (per_sample > 0).sum(), (tokens > 0).long()]).cpu()
+
+
+def log_ratio_moments(inputs: LossInputs) -> Tensor:
+    """float64 `[sum log r, sum (log r)^2, count]` over one micro-batch's trained tokens, with
+    log r exactly as the loss sees it (clamped to +-LOG_RATIO_BOUND; tokens with an infinite
+    logprob left out); no gradient. Sum over the step's micro-batches, all-reduce across ranks,
+    then `LossScale.with_log_ratio_moments`."""
+    with torch.no_grad():
+        p = _prepare(inputs)
+        log_r = p.log_r[p.mask].to(torch.float64)
+        return torch.stack([log_r.sum(), (log_r**2).sum(), log_r.new_tensor(float(log_r.numel()))]).cpu()
 
 
 # --------------------------------------------------------------------------------------
@@ -236,29 +283,40 @@ def reduce_metrics(metric_dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, fl
 # --------------------------------------------------------------------------------------
 
 
+LOG_RATIO_BOUND = 20.0
+"""log r is clamped to [-B, B] before exp (r in [2.1e-9, 4.9e8]): finite in float32 with room for
+sums over many tokens; the same bound as low_var_kl's clamp of d. Exact for |log r| <= B."""
+
+
 @dataclass
 class _Prepared:
-    """Masked, NaN-safe views of the inputs. Everything is 0 (log r) / 1 (r) off the mask."""
+    """Masked, NaN-safe views of the inputs. Everything is 0 (log r) / 1 (r) off `mask`."""
 
     lp: Tensor  # trainer logprobs, 0 off the mask (differentiable)
-    log_r: Tensor  # lp - lq, 0 off the mask (differentiable)
+    log_r: Tensor  # clamp(lp - lq, -B, B), 0 off the mask (differentiable inside the bound)
     r: Tensor  # exp(log_r)
     adv: Tensor  # A, 0 off the mask
-    mask: Tensor
+    mask: Tensor  # trained tokens whose lp and lq are not -inf: the tokens every variant sees
+    trained: Tensor  # loss_mask: the tokens the normalization counts
+    clamped: Tensor  # [T] bool: mask and |lp - lq| > B
     sample_lens: Tensor
     inputs: LossInputs
+    log_ratio_moments: tuple[float, float, float] | None = None  # the step's, from LossScale
 
     def off_mask_zero(self, values: Tensor) -> Tensor:
         return torch.where(self.mask, values, torch.zeros_like(values))
 
 
-def _prepare(inputs: LossInputs) -> _Prepared:
-    mask = inputs.loss_mask.bool()
+def _prepare(inputs: LossInputs, scale: LossScale | None = None) -> _Prepared:
+    trained = inputs.loss_mask.bool()
     lp_raw = inputs.trainer_logprobs
+    lq_raw = inputs.inference_logprobs.to(lp_raw.dtype)
+    # Probability 0 on either side: an infinite ratio, dropped (see the module docstring).
+    mask = trained & (lp_raw != -math.inf) & (lq_raw != -math.inf)
     zero = torch.zeros_like(lp_raw)
     lp = torch.where(mask, lp_raw, zero)
-    lq = torch.where(mask, inputs.inference_logprobs.to(lp_raw.dtype), zero.detach())
-    log_r = lp - lq
+    raw_log_r = lp - torch.where(mask, lq_raw, zero.detach())
+    log_r = raw_log_r.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     adv = torch.where(mask, inputs.advantages.to(lp_raw.dtype), zero.detach())
     return _Prepared(
         lp=lp,
@@ -266,8 +324,11 @@ def _prepare(inputs: LossInputs) -> _Prepared:
         r=torch.exp(log_r),
         adv=adv,
         mask=mask,
+        trained=trained,
+        clamped=mask & (raw_log_r.detach().abs() > LOG_RATIO_BOUND),
         sample_lens=inputs.sample_lens.to(lp_raw.device),
         inputs=inputs,
+        log_ratio_moments=None if scale is None else scale.log_ratio_moments,
     )
 
 
@@ -377,19 +438,21 @@ def vanilla_loss(cfg: VanillaLossConfig, p: _Prepared) -> _Term:
 
 
 def _opsm_keep(cfg: PPOClipConfig, p: _Prepared) -> Tensor:
-    """[T] bool, False on samples that OPSM drops: A < 0 and mean_t(lq - lp) > delta."""
+    """[T] bool, False on the tokens OPSM drops (DeepSeek-V3.2, slime): token t of sample i
+    with A_t < 0 while the sample drifted, mean_{k in i}(lq_k - lp_k) > delta. The advantage
+    condition is per token (token-level advantages may differ in sign within a sample)."""
     if cfg.opsm_delta is None:
         return torch.ones_like(p.mask)
-    mean_adv = segment_masked_mean(p.adv, p.mask, p.sample_lens)
     drift = segment_masked_mean(-p.log_r.detach(), p.mask, p.sample_lens)
-    return ~broadcast_to_tokens((mean_adv < 0) & (drift > cfg.opsm_delta), p.sample_lens)
+    return ~((p.adv < 0) & broadcast_to_tokens(drift > cfg.opsm_delta, p.sample_lens))
 
 
 def ppo_clip_loss(cfg: PPOClipConfig, p: _Prepared, ratio: Tensor | None = None) -> _Term:
     """GRPO / BNPO / Dr. GRPO / DAPO (they differ in eps and normalization only):
 
     l_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); with dual clip c, for A < 0:
-    l_t = min(l_t, -c A) (the loss is capped, r > c gets no gradient). OPSM zeroes whole samples.
+    l_t = min(l_t, -c A) (the loss is capped, r > c gets no gradient). OPSM zeroes the A_t < 0
+    tokens of samples that drifted (`_opsm_keep`).
     The gradient is r A grad lp (weight 1) unless the clip or the dual clip is active (weight 0).
     """
     r = p.r if ratio is None else ratio
@@ -409,7 +472,7 @@ def ppo_clip_loss(cfg: PPOClipConfig, p: _Prepared, ratio: Tensor | None = None)
     extra = {}
     if cfg.opsm_delta is not None:
         extra["loss/opsm_masked_frac"] = _metric((~keep).float(), p.mask)
-    # Tokens OPSM drops count as low-clipped: a stale, negative sample pushed below the sampler.
+    # Tokens OPSM drops count as low-clipped: a negative token of a sample pushed below the sampler.
     clip_low = clip_low | (p.mask & ~keep)
     clip_high = clip_high & ~clip_low
     return _Term(loss, gate, clip_low, clip_high, extra)
@@ -441,6 +504,11 @@ def fipo_loss(cfg: FipoLossConfig, p: _Prepared) -> _Term:
     f_t = clip(exp(sum_{k >= t} gamma^(k - t) log r_k), 1 - eps_f, 1 + eps_f) over the sample's
     trained tokens (detached unless detach_influence = false). Clipping happens on the exponent,
     which is the same value and cannot overflow.
+
+    k - t counts trained tokens, not positions (ms-swift counts positions): the tokens between
+    two trained tokens of a multi-turn sample are the environment's (tool output, user turns),
+    not decisions of the policy, and have no log ratio, so they neither contribute nor decay
+    the influence. For a single-turn completion (contiguous trained tokens) both agree.
     """
     future = reverse_discounted_sum(p.log_r, p.mask, p.sample_lens, cfg.gamma)
     influence = torch.exp(future.clamp(math.log(1 - cfg.eps_f), math.log(1 + cfg.eps_f)))
@@ -455,10 +523,21 @@ def fipo_loss(cfg: FipoLossConfig, p: _Prepared) -> _Term:
     )
 
 
+def _log_ratio_variance(p: _Prepared) -> float:
+    """Unbiased variance of log r over the step's trained tokens, from the step's moments
+    `[S1, S2, n]` (`LossScale.log_ratio_moments`; this call's own when absent):
+    sigma2 = (S2 - S1^2 / n) / (n - 1), 0 when n < 2 (float64 sums, a Python float)."""
+    moments = p.log_ratio_moments
+    s1, s2, n = moments if moments is not None else log_ratio_moments(p.inputs).tolist()
+    sigma2 = (s2 - s1 * s1 / n) / (n - 1) if n > 1 else 0.0
+    return max(sigma2, 0.0)  # max: rounding can make a zero variance slightly negative
+
+
 def is_reshape_loss(cfg: IsReshapeLossConfig, p: _Prepared) -> _Term:
     """Rényi IS reshape: l_t = -w_g A with w_g = exp(gamma_t log w_t), log w = lp - lq and
 
-    sigma2       = unbiased variance of log w over this call's trained tokens (detached)
+    sigma2       = unbiased variance of log w over the STEP's trained tokens (all micro-batches and
+                   ranks, `_log_ratio_variance`; detached), so the loss does not depend on the split
     gamma_base   = min(1, sqrt(-log(rho_min) / sigma2))   (1 when sigma2 = 0)
     gamma_target = sigmoid(-T log w),  P = sigmoid(A log w / tau)
     gamma        = sg(max(gamma_min, gamma_base + (gamma_target - gamma_base) P))
@@ -467,13 +546,8 @@ def is_reshape_loss(cfg: IsReshapeLossConfig, p: _Prepared) -> _Term:
     """
     log_w = p.log_r
     lw = log_w.detach()
-    n = p.mask.sum()
-    mean = p.off_mask_zero(lw).sum() / n.clamp(min=1)
-    sigma2 = (p.off_mask_zero((lw - mean) ** 2).sum() / (n - 1).clamp(min=1)) if n > 1 else lw.new_zeros(())
-    if sigma2 > 0:
-        gamma_base = torch.clamp(torch.sqrt(-math.log(cfg.rho_min) / sigma2), max=1.0)
-    else:
-        gamma_base = lw.new_ones(())
+    sigma2 = _log_ratio_variance(p)
+    gamma_base = min(1.0, math.sqrt(-math.log(cfg.rho_min) / sigma2)) if sigma2 > 0 else 1.0
     gamma_target = torch.sigmoid(-cfg.T * lw)
     gate_p = torch.sigmoid(p.adv * lw / cfg.tau)
     gamma = torch.clamp(gamma_base + (gamma_target - gamma_base) * gate_p, min=cfg.gamma_min).detach()
@@ -539,6 +613,9 @@ _VARIANTS: dict[str, Callable[[Any, _Prepared], _Term]] = {
     "custom": custom_loss,
 }
 
+_NEEDS_LOG_RATIO_MOMENTS = frozenset({"is_reshape"})
+"""Variants whose loss depends on `LossScale.log_ratio_moments` (a statistic of the whole step)."""
+
 
 # --------------------------------------------------------------------------------------
 # Regularizers every variant accepts
@@ -547,14 +624,21 @@ _VARIANTS: dict[str, Callable[[Any, _Prepared], _Term]] = {
 
 def kl_estimate(lp: Tensor, ref: Tensor, kl_type: str) -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta, with d = lp - ref:
-    k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1, low_var_kl = clamp(k3 with d clamped to [-20, 20], -10, 10)."""
+
+    k1 = d, k2 = d^2 / 2,
+    k3 = exp(-d) + d - 1 for d >= -B (B = LOG_RATIO_BOUND = 20); below -B, exp(-d) is continued by
+         its tangent at -B, e^B (1 - (d + B)), so value and gradient (1 - e^B) stay finite for every
+         finite d (exp(-d) overflows float32 for d < -88),
+    low_var_kl = clamp(k3 with d clamped to [-20, 20], -10, 10) (verl's low_var_kl).
+    """
     d = lp - ref
     if kl_type == "k1":
         return d
     if kl_type == "k2":
         return 0.5 * d**2
     if kl_type == "k3":
-        return torch.exp(-d) + d - 1
+        d_in = d.clamp(min=-LOG_RATIO_BOUND)  # d - d_in: how far below -B (0 inside, no gradient path)
+        return torch.exp(-d_in) * (1 - (d - d_in)) + d - 1
     if kl_type == "low_var_kl":
         d = d.clamp(-20, 20)
         return (torch.exp(-d) + d - 1).clamp(-10, 10)
@@ -562,7 +646,8 @@ def kl_estimate(lp: Tensor, ref: Tensor, kl_type: str) -> Tensor:
 
 
 def _regularizers(cfg: Any, p: _Prepared, metrics: dict[str, Tensor]) -> Tensor:
-    """kl_coef * KL(lp, ref) - entropy_coef * entropy per token; records loss/kl_ref, loss/entropy."""
+    """kl_coef * KL(lp, ref) - entropy_coef * entropy per token; records loss/kl_ref, loss/entropy,
+    and loss/teacher_kl = mean(lp - teacher) when the batch has teacher logprobs."""
     extra = torch.zeros_like(p.lp)
     inputs = p.inputs
     if cfg.kl_coef > 0:
@@ -579,6 +664,11 @@ def _regularizers(cfg: Any, p: _Prepared, metrics: dict[str, Tensor]) -> Tensor:
             extra = extra - cfg.entropy_coef * entropy
     elif cfg.entropy_coef > 0:
         raise ConfigError(f"loss.entropy_coef = {cfg.entropy_coef} > 0 but the trainer supplied no entropies")
+    if inputs.teacher_logprobs is not None:
+        # k1 estimate of KL(pi_theta || teacher) on the sampled tokens (the source material logs
+        # the opposite sign, teacher - lp, the per-token signal that teacher_tau adds to A).
+        teacher = p.off_mask_zero(inputs.teacher_logprobs.to(p.lp.dtype))
+        metrics["loss/teacher_kl"] = _metric(p.lp - teacher, p.mask)
     return extra
 
 
@@ -587,15 +677,16 @@ def _regularizers(cfg: Any, p: _Prepared, metrics: dict[str, Tensor]) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def normalize(per_token: Tensor, mask: Tensor, sample_lens: Tensor, normalization: str, scale: LossScale) -> Tensor:
-    """This micro-batch's share of the step loss (see the module docstring)."""
+def normalize(per_token: Tensor, trained: Tensor, sample_lens: Tensor, normalization: str, scale: LossScale) -> Tensor:
+    """This micro-batch's share of the step loss (see the module docstring); `trained` is the
+    loss_mask, the tokens the step's denominators count."""
     if normalization == "token":
         return per_token.sum() / max(scale.total_loss_tokens, 1)
     if normalization == "sequence":
-        tokens = segment_sum(mask.to(per_token.dtype), sample_lens)
+        tokens = segment_sum(trained.to(per_token.dtype), sample_lens)
         return (segment_sum(per_token, sample_lens) / tokens.clamp(min=1)).sum() / max(scale.num_samples, 1)
     if normalization == "token_local":
-        return per_token.sum() / mask.sum().clamp(min=1) / max(scale.num_micro_batches, 1)
+        return per_token.sum() / trained.sum().clamp(min=1) / max(scale.num_micro_batches, 1)
     if normalization == "constant":
         return per_token.sum() / max(scale.num_samples * scale.max_tokens, 1)
     raise ValueError(f"unknown normalization {normalization!r}")
@@ -611,44 +702,61 @@ def parse_loss_config(config: Any) -> Any:
     return _CONFIG_ADAPTER.validate_python(config)
 
 
-LossFn = Callable[[LossInputs, LossScale], LossOutputs]
-
-
-def build_loss(config: Any) -> LossFn:
-    """The loss of `config`: fn(inputs, scale) -> this micro-batch's normalized contribution.
+class Loss:
+    """The loss of one config: `loss(inputs, scale)` is one micro-batch's normalized contribution.
 
     Summing `loss` over all micro-batches of all ranks gives the step loss; metrics are
-    `[sum, count]` pairs (see `reduce_metrics`).
+    `[sum, count]` pairs (see `reduce_metrics`). When `needs_log_ratio_moments` is true the
+    variant reads a statistic of the whole step: run a no-grad pre-pass that sums
+    `log_ratio_moments` of every micro-batch (all ranks) and pass
+    `scale.with_log_ratio_moments(...)`, as `compute_step_loss` and the trainer do.
     """
-    cfg = parse_loss_config(config)
-    variant = _VARIANTS[cfg.type]
-    if cfg.type == "custom":
-        import_loss_function(cfg.import_path)  # fail now, not at the first step
 
-    def loss_fn(inputs: LossInputs, scale: LossScale) -> LossOutputs:
-        p = _prepare(inputs)
-        term = variant(cfg, p)
+    def __init__(self, config: Any):
+        self.config = parse_loss_config(config)
+        self._variant = _VARIANTS[self.config.type]
+        self.needs_log_ratio_moments = self.config.type in _NEEDS_LOG_RATIO_MOMENTS
+        if self.config.type == "custom":
+            import_loss_function(self.config.import_path)  # fail now, not at the first step
+
+    def __call__(self, inputs: LossInputs, scale: LossScale) -> LossOutputs:
+        cfg = self.config
+        p = _prepare(inputs, scale)
+        term = self._variant(cfg, p)
         metrics: dict[str, Tensor] = {
             "loss/importance_ratio": _metric(p.r, p.mask),
             "loss/mismatch_kl": _metric(p.r - p.log_r - 1, p.mask),
             "loss/clip_frac_low": _metric(term.clip_low.float(), p.mask),
             "loss/clip_frac_high": _metric(term.clip_high.float(), p.mask),
+            "loss/ratio_clamped_frac": _metric(p.clamped.float(), p.mask),
+            "loss/nonfinite_ratio_frac": _metric((p.trained & ~p.mask).float(), p.trained),
         }
         if cfg.type != "custom":
-            metrics["loss/soft_gate_weight"] = _metric(term.gate, p.mask)
+            metrics["loss/soft_gate_weight"] = _metric(term.gate.clamp(max=1.0), p.mask)
+            metrics["loss/soft_gate_amplified_frac"] = _metric((term.gate > 1).float(), p.mask)
         per_token = term.loss + _regularizers(cfg, p, metrics)
         metrics.update(term.extra)
-        loss = normalize(per_token, p.mask, p.sample_lens, cfg.normalization, scale)
+        loss = normalize(per_token, p.trained, p.sample_lens, cfg.normalization, scale)
         return LossOutputs(loss=loss, metrics=metrics)
 
-    return loss_fn
+
+def build_loss(config: Any) -> Loss:
+    """The loss of `config` (a config model or a dict): see `Loss`."""
+    return Loss(config)
 
 
 def compute_step_loss(config: Any, micro_batches: Sequence[LossInputs], max_tokens: int) -> LossOutputs:
-    """Single-process step: the summed contributions of `micro_batches` and the step's mean metrics."""
-    counts = sum((scale_counts(mb) for mb in micro_batches), torch.zeros(2, dtype=torch.long))
-    scale = LossScale.from_counts(counts, max_tokens=max_tokens, num_micro_batches=len(micro_batches))
+    """Single-process step: the summed contributions of `micro_batches` and the step's mean metrics.
+
+    The same scale as the trainer: denominators summed over the micro-batches and, for a variant
+    that needs them, the step's log-ratio moments (a no-grad pre-pass).
+    """
     loss_fn = build_loss(config)
+    counts = sum((scale_counts(mb) for mb in micro_batches), torch.zeros(3, dtype=torch.long))
+    scale = LossScale.from_counts(counts, max_tokens=max_tokens)
+    if loss_fn.needs_log_ratio_moments:
+        moments = sum((log_ratio_moments(mb) for mb in micro_batches), torch.zeros(3, dtype=torch.float64))
+        scale = scale.with_log_ratio_moments(moments)
     outputs = [loss_fn(mb, scale) for mb in micro_batches]
     loss = torch.stack([o.loss for o in outputs]).sum()
     metrics = {k: torch.tensor(v) for k, v in reduce_metrics([o.metrics for o in outputs]).items()}

@@ -21,16 +21,19 @@ from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.data import wait_for_batch
 from prime_rl.trainer.dist import all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_logprobs, load_model, prepare_model
-from prime_rl.trainer.rl.loss import LossFn, LossInputs, LossScale, build_loss, reduce_metrics
+from prime_rl.trainer.rl.loss import Loss, LossInputs, LossScale, build_loss, log_ratio_moments, reduce_metrics
 from prime_rl.trainer.session import TrainSession
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
 
 
 def step_scale(batch: RankBatch, device: torch.device) -> LossScale:
-    """The step's denominators, counted over every micro-batch of every rank."""
+    """The step's denominators, counted over every micro-batch of every rank. Micro-batches count
+    (M of `token_local`) only when they hold a trained token, so the padding rows that even out
+    the ranks' micro-batch counts do not change the loss with the number of ranks."""
     tokens = sum(mb.num_loss_tokens for mb in batch.micro_batches)
     samples = sum(mb.num_samples for mb in batch.micro_batches)
-    tokens, samples, micro = all_reduce_sum([tokens, samples, len(batch.micro_batches)], device)
+    micro = sum(1 for mb in batch.micro_batches if mb.num_loss_tokens > 0)
+    tokens, samples, micro = all_reduce_sum([tokens, samples, micro], device)
     return LossScale(total_loss_tokens=int(tokens), num_samples=int(samples), max_tokens=batch.max_tokens,
                      num_micro_batches=int(micro))
 
@@ -53,12 +56,23 @@ def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
     )
 
 
-def train_on_batch(session: TrainSession, loss_fn: LossFn, batch: RankBatch, scale: LossScale,
+def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale: LossScale,
                    ref_model: torch.nn.Module | None = None) -> tuple[float, dict[str, float]]:
     """Forward/backward every micro-batch of this rank; returns the global step loss and loss metrics.
 
+    A loss that needs a statistic of the whole step (`loss_fn.needs_log_ratio_moments`: is_reshape's
+    variance of log r) first gets it from a no-grad forward of every micro-batch, all-reduced over
+    ranks, so its update does not depend on how the step is split into micro-batches or ranks.
     Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
     """
+    if loss_fn.needs_log_ratio_moments:
+        moments = torch.zeros(3, dtype=torch.float64)
+        with torch.no_grad():
+            for mb in batch.micro_batches:
+                lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens,
+                                         batch.temperature)
+                moments += log_ratio_moments(loss_inputs(mb, lp, None, None))
+        scale = scale.with_log_ratio_moments(all_reduce_sum(moments.tolist(), session.dist.device))
     loss_sum = 0.0
     pairs: dict[str, torch.Tensor] = {}
     for mb in batch.micro_batches:
@@ -91,8 +105,10 @@ def train(config: TrainerConfig) -> None:
         ref_model = prepare_model(load_model(config.model, config.runtime, device), config.runtime, device,
                                   trainable=False)
     try:
+        session.publish_resumed_weights()
         for step in range(session.start_step, config.max_steps):
-            batch, waited = wait_for_batch(config.output_dir, step, session.dist.rank, config.batch_timeout_s)
+            batch, waited = wait_for_batch(config.output_dir, step, session.dist.rank, config.batch_timeout_s,
+                                           config.max_async_level)
             start = time.perf_counter()
             scale = step_scale(batch, session.dist.device)
             lr = session.lr
