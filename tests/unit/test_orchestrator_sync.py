@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from prime_rl.configs.shared import CkptConfig
-from prime_rl.orchestrator.ckpt import OrchestratorState, load_state, resolve_resume_step, save_state
+from prime_rl.orchestrator.ckpt import OrchestratorState, load_state, save_state
 from prime_rl.orchestrator.client import InferenceError, parse_chat_response, server_root
 from prime_rl.orchestrator.weight_sync import WeightSync, min_weight_step
+from prime_rl.run_dir import resolve_resume_step
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import WaitTimeout
 
@@ -104,10 +104,10 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
     # Without a trainer in the run, the orchestrator's parts are the complete checkpoints.
     assert not (tmp_path / "checkpoints" / "step_1" / "orchestrator").exists()  # pruned
     assert load_state(tmp_path, 3).env_cursors == {"reverse-text": 12}
-    assert resolve_resume_step(tmp_path, CkptConfig(resume_step="latest")) == 3
+    assert resolve_resume_step(tmp_path, "latest") == 3
     # With trainer checkpoints present, 'latest' is the newest step both have.
     (tmp_path / "checkpoints" / "step_2" / "trainer").mkdir()
-    assert resolve_resume_step(tmp_path, CkptConfig(resume_step="latest")) == 2
-    assert resolve_resume_step(tmp_path, CkptConfig()) is None
+    assert resolve_resume_step(tmp_path, "latest") == 2
+    assert resolve_resume_step(tmp_path, None) is None
     with pytest.raises(UserError, match=r"resume_step = 7: no complete checkpoint .* \(complete steps: 2\)"):
-        resolve_resume_step(tmp_path, CkptConfig(resume_step=7))
+        resolve_resume_step(tmp_path, 7)

@@ -13,9 +13,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_rl.configs.shared import CkptConfig
 from prime_rl.run_dir import ORCHESTRATOR, checkpoint_dir, prune_checkpoints
-from prime_rl.run_dir import resolve_resume_step as resolve_complete_step
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import atomic_dir
 
@@ -55,11 +53,6 @@ def save_state(output_dir: Path, state: OrchestratorState, keep: int | None = No
         (tmp / STATE_FILE).write_text(state.to_json())
     prune_checkpoints(output_dir, keep)
     return target
-
-
-def resolve_resume_step(output_dir: Path, ckpt: CkptConfig) -> int | None:
-    """The checkpoint step to resume from (None: start fresh): the run directory's one rule."""
-    return resolve_complete_step(output_dir, ckpt.resume_step)
 
 
 def load_state(output_dir: Path, step: int) -> OrchestratorState:

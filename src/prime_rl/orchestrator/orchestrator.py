@@ -28,7 +28,6 @@ from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.ckpt import (
     OrchestratorState,
     load_state,
-    resolve_resume_step,
     rng_from_json,
     rng_to_json,
     save_state,
@@ -39,6 +38,7 @@ from prime_rl.orchestrator.envs import load_env
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
 from prime_rl.orchestrator.weight_sync import WeightSync
+from prime_rl.run_dir import resolve_resume_step
 from prime_rl.utils.batch_format import write_step
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
@@ -161,7 +161,7 @@ class Orchestrator:
 
 
 async def run(config: OrchestratorConfig) -> None:
-    resume = resolve_resume_step(config.output_dir, config.ckpt)
+    resume = resolve_resume_step(config.output_dir, config.ckpt.resume_step)
     state = load_state(config.output_dir, resume) if resume is not None else OrchestratorState()
     if resume is not None:
         # Batches at or after the resume step came from the previous run.

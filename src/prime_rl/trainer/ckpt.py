@@ -19,9 +19,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from prime_rl.configs.shared import CkptConfig
 from prime_rl.run_dir import TRAINER, checkpoint_dir, prune_checkpoints
-from prime_rl.run_dir import resolve_resume_step as resolve_complete_step
 
 
 def ckpt_dir(output_dir: Path, step: int) -> Path:
@@ -65,11 +63,6 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
         prune_checkpoints(output_dir, keep)
     dist.barrier()
     return final
-
-
-def resolve_resume_step(output_dir: Path, ckpt: CkptConfig) -> int | None:
-    """The checkpoint step to resume from (None: start fresh): the run directory's one rule."""
-    return resolve_complete_step(output_dir, ckpt.resume_step)
 
 
 def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,

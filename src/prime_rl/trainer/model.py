@@ -3,7 +3,7 @@ with FSDP2, and compute per-token logprobs and entropies of packed rows.
 
 Packing: a row holds several samples end to end. With `sdpa`/`eager` attention the
 samples are isolated by a block-diagonal causal mask (bool [1, 1, T, T]); position ids
-alone do not isolate them on CPU (see DESIGN.md). With `flash_attention_2` the varlen
+alone do not isolate them on CPU (docs/architecture.md). With `flash_attention_2` the varlen
 kernel reads the sample boundaries from the restarting position ids, so no mask is built.
 """
 

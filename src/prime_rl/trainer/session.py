@@ -17,6 +17,7 @@ import torch
 
 from prime_rl.configs.shared import RunConfig
 from prime_rl.monitor import Monitor
+from prime_rl.run_dir import resolve_resume_step
 from prime_rl.trainer import ckpt as ckpt_io
 from prime_rl.trainer.config import ModelInitConfig
 from prime_rl.trainer.dist import all_reduce_sum, init_distributed
@@ -62,7 +63,7 @@ class TrainSession:
 
         self.start_step = 0
         self.resume_extra: dict = {}
-        resume = ckpt_io.resolve_resume_step(self.output_dir, config.ckpt)
+        resume = resolve_resume_step(self.output_dir, config.ckpt.resume_step)
         if resume is not None:
             self.resume_extra = ckpt_io.load_checkpoint(self.output_dir, resume, self.model, self.optimizer,
                                                         self.scheduler)
@@ -106,25 +107,28 @@ class TrainSession:
     def after_step(self, done: int, write: bool, extra: dict | None = None) -> None:
         """After `done` optimizer steps: write weights/step_{done} if `write`, checkpoint when due."""
         if write:
-            keep = getattr(self.config, "keep_weights", None)
-            write_weights(self.model, self.tokenizer, self.output_dir, done, self.dist.is_main, keep)
+            self._write_weights(done)
         interval = self.config.ckpt.interval
         if done == self.config.max_steps or (interval is not None and done % interval == 0):
             ckpt_io.save_checkpoint(self.output_dir, done, self.model, self.optimizer, self.scheduler, extra,
                                     self.config.ckpt.keep)
 
+    def _write_weights(self, step: int) -> None:
+        """Collective: `weights/step_{step}`, keeping the newest `keep_weights` (RL trainer only has it)."""
+        keep = getattr(self.config, "keep_weights", None)
+        write_weights(self.model, self.tokenizer, self.output_dir, step, self.dist.is_main, keep)
+
     def publish_resumed_weights(self) -> None:
         """After a resume from step N, make sure `weights/step_N` exists: the orchestrator needs
         weights >= N - max_async_level to generate step N, and retention (`keep_weights`) may
         have deleted them while the interrupted run went on past its checkpoint."""
-        keep = getattr(self.config, "keep_weights", None)
         if self.start_step == 0:
             return
         # Every rank must agree (writing is a collective): rank 0's view decides.
         missing = self.dist.is_main and not weights_dir(self.output_dir, self.start_step).is_dir()
         (missing,) = all_reduce_sum([int(missing)], self.dist.device)
         if missing:
-            write_weights(self.model, self.tokenizer, self.output_dir, self.start_step, self.dist.is_main, keep)
+            self._write_weights(self.start_step)
             self.log.info(f"rewrote {weights_dir(self.output_dir, self.start_step)} from the resumed checkpoint")
 
     def perf_metrics(self, tokens: int, step_time: float, avg_seq_len: float) -> dict[str, float]:

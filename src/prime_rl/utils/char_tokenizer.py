@@ -1,7 +1,7 @@
 """A character-level tokenizer with a ChatML chat template, built locally.
 
 One token per printable ASCII character (plus newline) and the ChatML specials. It is
-what makes a tiny model learn string tasks on a CPU in minutes (see DESIGN.md), and it
+what makes a tiny model learn string tasks on a CPU in minutes (docs/architecture.md), and it
 needs no download: `build_char_tokenizer()` creates it from nothing.
 """
 
