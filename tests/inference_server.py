@@ -18,13 +18,13 @@ VLLM_CPU_ARGS = ("--vllm.enforce-eager", "--vllm.dtype", "float32", "--vllm.gpu-
 
 
 def start_server(model_dir, log_path: Path, backend: str, port: int, timeout_s: float, *extra: str,
-                 seq_len: int = 256):
+                 seq_len: int = 256, env: dict[str, str] | None = None):
     """Start `inference` (as `python -m`, so it also runs from a venv without the console script).
 
     Returns the process and its URL once /health answers 200. With port 0 the URL is read
-    from the server's log line.
+    from the server's log line. `env` adds variables (e.g. PRIME_API_KEY) to the server's environment.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")} | (env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
     log = open(log_path, "w")  # noqa: SIM115 (the server writes to it until it is killed)
     proc = subprocess.Popen(

@@ -9,7 +9,7 @@ progress, and stops everything when the run ends, fails, or is interrupted.
 from __future__ import annotations
 
 import os
-import shutil
+import secrets
 import signal
 import socket
 import sys
@@ -24,17 +24,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from prime_rl.configs.cli import run_main
 from prime_rl.configs.rl import RLConfig
 from prime_rl.configs.toml_io import write_toml
+from prime_rl.launch import output_dir
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
 from prime_rl.monitor.monitor import METRICS_FILE
 from prime_rl.monitor.sinks import drop_steps_from
 from prime_rl.run_dir import remove_temporaries, resolve_resume_step
+from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import ConfigError, PrimeError
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 
-RUN_ARTIFACTS = ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb", "metrics.jsonl", "metrics.jsonl.lock",
-                 "metrics.png")
 POLL_S = 0.25
 
 
@@ -43,25 +43,18 @@ class ComponentFailed(PrimeError):
 
 
 def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A free port on `host`; a host that does not resolve or is no local address is a one-line ConfigError."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
+    except OSError as exc:  # socket.gaierror included
+        raise ConfigError(f"inference.host {host!r}: cannot bind a port there ({exc.strerror or exc})") from None
 
 
-def prepare_output_dir(config: RLConfig) -> None:
-    """An existing run is continued (resume), replaced (`--overwrite`), or an error."""
-    out = config.output_dir
-    existing = [name for name in RUN_ARTIFACTS if (out / name).exists()]
-    if not existing or config.ckpt.resume_step is not None:
-        return
-    if not config.overwrite:
-        raise ConfigError(
-            f"output dir {out} already holds a run ({', '.join(existing)}); continue it with "
-            "--ckpt.resume-step latest, replace it with --overwrite, or pick another --output-dir"
-        )
-    for name in existing:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+def prepare_output_dir(config: RLConfig) -> list[Path]:
+    """Check the output dir (`launch/output_dir.py`): what `--overwrite` will delete. Deletes nothing itself."""
+    return output_dir.plan(config.output_dir, config.overwrite, config.ckpt.resume_step is not None)
 
 
 def resume_from(config: RLConfig) -> int | None:
@@ -109,11 +102,11 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
     return ",".join(map(str, inference)), ",".join(map(str, trainer))
 
 
-def wait_for_health(url: str, child: Child, timeout_s: float) -> None:
+def wait_for_health(url: str, child: Child, timeout_s: float, run_dir: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not child.running:
-            raise failure(child)
+            raise failure(child, run_dir)
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
@@ -124,10 +117,14 @@ def wait_for_health(url: str, child: Child, timeout_s: float) -> None:
     raise ComponentFailed(f"inference server did not answer {url} within {timeout_s:.0f}s (see {child.log_path})")
 
 
-def failure(child: Child) -> ComponentFailed:
+def failure(child: Child, run_dir: Path) -> ComponentFailed:
+    """Why `child` stopped: a full or read-only run directory in one line, else the end of its log."""
     code = child.poll()
-    lines = "\n".join(f"  {line}" for line in child.last_lines())
     how = f"exited with code {code}" if code is not None else "stopped"
+    disk = disk_state(run_dir)
+    if disk is not None:  # its own one-line error may not have reached the log on that disk
+        return ComponentFailed(f"{child.name} {how}: {describe(disk, run_dir)}")
+    lines = "\n".join(f"  {line}" for line in child.last_lines())
     return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}")
 
 
@@ -146,10 +143,29 @@ def component_commands(config: RLConfig, config_dir: Path) -> dict[str, list[str
     }
 
 
-def child_env(cuda_devices: str) -> dict[str, str]:
+# Where each child reads the inference API key from: its config field as a PRIME_ variable.
+API_KEY_ENV = {"inference": "PRIME_API_KEY", "orchestrator": "PRIME_CLIENT__API_KEY"}
+
+
+def run_api_key(config: RLConfig) -> dict[str, dict[str, str]]:
+    """The environment that carries the run's inference API key to each child that needs it.
+
+    The key is `inference.api_key` or `orchestrator.client.api_key` (they must agree), else a
+    random one per run. It travels only through the children's environment: the fields are
+    left out of every config dump, so it is never in configs/, on a command line or in a log.
+    """
+    mine, theirs = config.inference.api_key, config.orchestrator.client.api_key
+    if mine and theirs and mine.get_secret_value() != theirs.get_secret_value():
+        raise ConfigError("inference.api_key and orchestrator.client.api_key differ: set inference.api_key alone")
+    key = (mine or theirs).get_secret_value() if (mine or theirs) else secrets.token_urlsafe(32)
+    return {name: {variable: key} for name, variable in API_KEY_ENV.items()}
+
+
+def child_env(cuda_devices: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     # PRIME_* variables were already applied to the resolved configs; children must not re-apply them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
     env.update({"CUDA_VISIBLE_DEVICES": cuda_devices, "PYTHONUNBUFFERED": "1", LOG_FILE_BY_PARENT_ENV: "1"})
+    env.update(extra or {})
     return env
 
 
@@ -193,7 +209,7 @@ class ProgressView:
             self.bar.stop()
 
 
-def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail) -> None:
+def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail, run_dir: Path) -> None:
     """Poll until trainer and orchestrator finish; raise on the first failure."""
     while True:
         tail.poll()
@@ -201,7 +217,7 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail)
         for child in children.values():
             code = child.poll()
             if code not in (None, 0) or (child.name == "inference" and code is not None):
-                raise failure(child)
+                raise failure(child, run_dir)
         if children["trainer"].poll() == 0 and children["orchestrator"].poll() == 0:
             return
         time.sleep(POLL_S)
@@ -211,25 +227,35 @@ def launch(config: RLConfig) -> None:
     console = Console(stderr=False)
     start = time.monotonic()
     config.model.path  # noqa: B018 -- a missing local model is an input error: report it before creating anything
-    prepare_output_dir(config)
-    resumed = resume_from(config)
+    key_env = run_api_key(config)
+    # Every check first (the config's own ran at load time); only then change the run directory.
+    doomed = prepare_output_dir(config)
+    resolve_resume_step(config.output_dir, config.ckpt.resume_step)
     inference_devices, trainer_devices = assign_devices(config)
+    port = free_port(config.inference.host)
+    output_dir.check_writable(config.output_dir)
+    output_dir.delete(doomed)
+    resumed = resume_from(config)
+    output_dir.mark(config.output_dir, config.command)
 
     if "port" not in config.inference.model_fields_set:
-        config.inference.port = free_port(config.inference.host)
+        config.inference.port = port
     config.orchestrator.client.base_url = f"http://{config.inference.host}:{config.inference.port}/v1"
     config.orchestrator.trainer_world_size = config.trainer.num_processes
+    config.inference.weight_dirs = [*config.inference.weight_dirs, (config.output_dir / "weights").absolute()]
 
     config_dir = config.output_dir / "configs"
     for name in ("inference", "orchestrator", "trainer"):
         write_toml(config_dir / f"{name}.toml", getattr(config, name).model_dump(mode="json"))
-    write_toml(config_dir / "rl.toml", config.model_dump(mode="json"))
+    # Without `overwrite`: running this file again must not delete the run it describes.
+    write_toml(config_dir / "rl.toml", config.model_dump(mode="json", exclude={"overwrite"}))
 
     logs = config.output_dir / "logs"
     commands = component_commands(config, config_dir)
     devices = {"inference": inference_devices, "orchestrator": "", "trainer": trainer_devices}
     children = {
-        name: Child(name, commands[name], logs / f"{name}.log", child_env(devices[name])) for name in commands
+        name: Child(name, commands[name], logs / f"{name}.log", child_env(devices[name], key_env.get(name)))
+        for name in commands
     }
     signal.signal(signal.SIGTERM, _interrupt)
 
@@ -243,11 +269,11 @@ def launch(config: RLConfig) -> None:
         children["inference"].start()
         health = f"http://{config.inference.host}:{config.inference.port}/health"
         console.print(f"waiting for the inference server ({health}) ...")
-        wait_for_health(health, children["inference"], config.deployment.startup_timeout_s)
+        wait_for_health(health, children["inference"], config.deployment.startup_timeout_s, config.output_dir)
         children["orchestrator"].start()
         children["trainer"].start()
         view = ProgressView(console, config.max_steps, resumed or 0)
-        supervise(children, view, tail)
+        supervise(children, view, tail, config.output_dir)
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -3,12 +3,14 @@
     <output_dir>/checkpoints/step_N/trainer/        written by the trainer (or `sft`) after N optimizer steps
     <output_dir>/checkpoints/step_N/orchestrator/   written by the orchestrator after N rollout batches
 
-Each part is written under a temporary name and renamed into place, so a part that
-exists is complete. A checkpoint step is *complete* when it has every part that this
-run writes: the parts found under any step (trainer + orchestrator for `rl`, trainer
-alone for `sft` or a trainer run by hand). The orchestrator runs up to
-`max_async_level + 1` steps ahead of the trainer, so its newest parts have no trainer
-partner yet; they are not complete and never count.
+Each part is written under a temporary name and renamed into place, its checksum
+manifest written last (`utils/checksums.py`), so a part that exists is complete; the rules
+here go by existence alone, and the loaders verify the manifest (a part without one is an
+older version's or damaged: a one-line error at load, not skipped here). A checkpoint
+step is *complete* when it has every part that this run writes: the parts found under
+any step (trainer + orchestrator for `rl`, trainer alone for `sft` or a trainer run by
+hand). The orchestrator runs up to `max_async_level + 1` steps ahead of the trainer, so
+its newest parts have no trainer partner yet; they are not complete and never count.
 
 - Resume ('latest') picks the newest complete step; an explicit step must be complete.
 - Retention (`ckpt.keep = K`) keeps the newest K complete steps and everything newer

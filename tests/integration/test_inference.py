@@ -28,6 +28,7 @@ from inference_server import (  # tests/ is on sys.path (rootdir conftest)
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
 from prime_rl.trainer.model import compute_logprobs
 from prime_rl.utils.tiny_model import save_random_model
+from weight_dirs import mismatched_dirs
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SEQ_LEN = 256
@@ -132,6 +133,25 @@ def test_eos_stops_a_sequence_and_is_kept_in_its_token_ids(tiny_model_dir, tmp_p
     assert got[0].finish_reason == "stop" and got[0].token_ids == greedy.token_ids[: first_eos + 1]
 
 
+def test_a_request_that_fails_fails_alone_and_the_batch_goes_on(engine):
+    """Past the request boundary's checks (the engine's own API): a seed torch refuses used to fail every
+    request in flight, a NaN temperature answered NaN logprobs. Each now fails only its own request."""
+    innocent = SamplingParams(max_tokens=40, temperature=1.0, seed=11)
+    alone = engine.submit(encode(engine, "innocent"), innocent).result(timeout=60)
+    running = engine.submit(encode(engine, "innocent"), innocent)
+    bad = [(engine.submit(encode(engine, "bad"), SamplingParams(max_tokens=5, seed=seed)), "Overflow")
+           for seed in (2**64, -(2**63) - 1)]
+    bad.append((engine.submit(encode(engine, "bad"), SamplingParams(max_tokens=5, temperature=math.nan, seed=1), n=2),
+                "non-finite logprobs"))
+    for future, message in bad:
+        with pytest.raises((ValueError, RuntimeError, FloatingPointError), match=message):
+            future.result(timeout=60)
+    together = running.result(timeout=60)
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert together[0].logprobs == pytest.approx(alone[0].logprobs, abs=1e-5)
+    assert engine.alive
+
+
 def test_threads_option_sets_torchs_cpu_threads(tiny_model_dir):
     before = torch.get_num_threads()
     eng = Engine(str(tiny_model_dir), context_len=SEQ_LEN, threads=1)
@@ -146,8 +166,17 @@ def test_threads_option_sets_torchs_cpu_threads(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    proc, url = start_server(tiny_model_dir, tmp_path_factory.mktemp("server") / "inference.log", "builtin", 0, 120)
+def weight_root(tmp_path_factory):
+    """The one directory (a run's weights/) the test servers load weight updates from."""
+    root = tmp_path_factory.mktemp("run") / "weights"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory, weight_root):
+    proc, url = start_server(tiny_model_dir, tmp_path_factory.mktemp("server") / "inference.log", "builtin", 0, 120,
+                             "--weight-dirs", json.dumps([str(weight_root)]))
     yield url
     stop_server(proc)
 
@@ -223,11 +252,15 @@ def test_on_policy_logprobs_equal_the_trainers(server, tiny_model_dir):
         ("/v1/chat/completions", {"max_tokens": 3}, 400, "messages"),
         ("/v1/completions", {"prompt": "a", "temperature": -1}, 400, "temperature"),
         ("/v1/completions", {"prompt": "a", "stream": True}, 400, "stream"),
-        ("/update_weights", {"path": "/no/such/dir/step_3"}, 400, "does not exist"),
-        ("/update_weights", {"path": "/"}, 400, "not a weight directory"),
+        ("/update_weights", {"path": "{root}/step_3"}, 400, "does not exist"),
+        ("/update_weights", {"path": "{root}"}, 400, "not a weight directory"),
+        ("/update_weights", {"path": "/no/such/dir/step_3"}, 403, "outside the allowed weight directories"),
+        ("/update_weights", {"path": "/"}, 403, "outside the allowed weight directories"),
     ],
 )
-def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, path, body, status, message):
+def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, weight_root, path, body, status, message):
+    if isinstance(body, dict) and "path" in body:
+        body = {"path": body["path"].format(root=weight_root)}
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
     response = httpx.post(f"{server}{path}", timeout=30, **kwargs)
     assert response.status_code == status
@@ -239,11 +272,25 @@ def test_models_health_and_reset(server, tiny_model_dir):
     models = httpx.get(f"{server}/v1/models", timeout=10).json()
     assert models["data"][0]["id"] == str(tiny_model_dir)
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
-    assert httpx.post(f"{server}/reset", timeout=10).status_code == 200
+    assert httpx.post(f"{server}/reset", json={}, timeout=10).status_code == 200
 
 
-def test_update_weights_switches_between_requests_never_within(server, tiny_model_dir, tmp_path):
-    new_dir = save_random_model(tmp_path / "weights" / "step_1", seed=1, hidden_size=64, num_layers=2)
+def test_mismatched_weight_dirs_are_refused_and_the_old_weights_keep_serving(server, tiny_model_dir, weight_root):
+    seeded = {"prompt": "keep", "max_tokens": 16, "temperature": 1.0, "seed": 5}
+    before = httpx.post(f"{server}/v1/completions", json=seeded, timeout=60).json()
+    for name, (path, words) in mismatched_dirs(tiny_model_dir, weight_root / "mismatched").items():
+        refused = httpx.post(f"{server}/update_weights", json={"path": str(path)}, timeout=60)
+        assert refused.status_code == 400 and words in refused.json()["error"]["message"], (name, refused.text)
+        after = httpx.post(f"{server}/v1/completions", json=seeded, timeout=60).json()
+        assert after["weight_step"] == before["weight_step"], name
+        choice, old = after["choices"][0], before["choices"][0]
+        assert choice["token_ids"] == old["token_ids"], name
+        assert all(math.isfinite(lp) for lp in choice["logprobs"]["token_logprobs"]), name
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(old["logprobs"]["token_logprobs"], abs=1e-6)
+
+
+def test_update_weights_switches_between_requests_never_within(server, tiny_model_dir, weight_root):
+    new_dir = save_random_model(weight_root / "step_1", seed=1, hidden_size=64, num_layers=2)
     prompt = {"prompt": "weights", "max_tokens": 240, "n": 8, "temperature": 1.0}
 
     async def go():
@@ -286,9 +333,10 @@ def vllm_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def vllm_server(vllm_model_dir, tmp_path_factory):
+def vllm_server(vllm_model_dir, tmp_path_factory, weight_root):
     log_path = tmp_path_factory.mktemp("vllm") / "inference.log"
-    proc, url = start_server(vllm_model_dir, log_path, "vllm", free_port(), 600, *VLLM_CPU_ARGS)
+    proc, url = start_server(vllm_model_dir, log_path, "vllm", free_port(), 600, *VLLM_CPU_ARGS,
+                             "--weight-dirs", json.dumps([str(weight_root)]))
     yield url
     stop_server(proc)
 
@@ -318,10 +366,12 @@ def test_vllm_returns_token_ids_logprobs_and_weight_step(vllm_server, tokenizer,
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, tmp_path):
-    bad = httpx.post(f"{vllm_server}/update_weights", json={"path": str(tmp_path / "step_9")}, timeout=30)
+def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, weight_root):
+    bad = httpx.post(f"{vllm_server}/update_weights", json={"path": str(weight_root / "vllm" / "step_9")}, timeout=30)
     assert bad.status_code == 400 and "does not exist" in bad.json()["error"]["message"]
-    new_dir = save_random_model(tmp_path / "weights" / "step_1", seed=1, **VLLM_MODEL)
+    outside = httpx.post(f"{vllm_server}/update_weights", json={"path": str(vllm_model_dir.parent)}, timeout=30)
+    assert outside.status_code == 403, outside.text
+    new_dir = save_random_model(weight_root / "vllm" / "step_1", seed=1, **VLLM_MODEL)
     update = httpx.post(f"{vllm_server}/update_weights", json={"path": str(new_dir)}, timeout=300)
     assert update.status_code == 200 and update.json() == {"weight_step": 1}, update.text
     body = {"model": str(vllm_model_dir), "prompt": "weights", "max_tokens": 16, "temperature": 1.0,
@@ -332,7 +382,7 @@ def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, tmp_path):
     assert_matches(new_dir, data["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"], 1.0)
     stale = reference_logprobs(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"], 1.0)
     assert not torch.allclose(stale, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-3)
-    assert httpx.post(f"{vllm_server}/reset", timeout=60).status_code == 200
+    assert httpx.post(f"{vllm_server}/reset", json={}, timeout=60).status_code == 200
 
 
 @pytest.mark.vllm

@@ -35,8 +35,9 @@ TRAIN_S = 0.5  # the fake trainer's step time
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
+    # Every test's run directory (and so its weights/) lies under the session's base temp directory.
     proc, url = start_server(tiny_model_dir, tmp_path_factory.mktemp("server") / "inference.log", "builtin", 0, 120,
-                             seq_len=SEQ_LEN)
+                             "--weight-dirs", json.dumps([str(tmp_path_factory.getbasetemp())]), seq_len=SEQ_LEN)
     yield url
     stop_server(proc)
 

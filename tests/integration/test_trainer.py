@@ -64,7 +64,8 @@ def test_two_steps_write_weights_metrics_checkpoints_and_log(tiny_model_dir, tmp
     assert weights(out, 1).keys() == weights(out, 2).keys()
     assert not all(torch.equal(weights(out, 1)[k], weights(out, 2)[k]) for k in weights(out, 1))
     for step in (1, 2):
-        assert (ckpt_dir(out, step) / "meta.pt").exists()
+        names = {p.name for p in ckpt_dir(out, step).iterdir()}
+        assert {"meta.json", "rank_0.json", "manifest.json", ".metadata", "__0_0.distcp"} == names
     lines = metrics_lines(out)
     assert [m["step"] for m in lines] == [0, 1]
     required = {"loss/importance_ratio", "loss/soft_gate_weight", "loss/entropy", "loss/total", "optim/lr",
@@ -110,6 +111,55 @@ def test_non_finite_loss_stops_before_writing(tiny_model_dir, tmp_path):
         train(config(tiny_model_dir, out, ckpt={"interval": 1}))
     assert list_steps(out / "weights") == [1]
     assert list_steps(out / "checkpoints") == [1]
+
+
+def test_non_finite_parameters_after_the_optimizer_step_stop_before_writing(tiny_model_dir, tmp_path, monkeypatch):
+    """Regression (issue 12.7): a damaged optimizer moment (-2.4e8 after a flipped byte) turned finite
+    gradients into NaN weights that were published; the loss and gradient-norm guard cannot see it."""
+    out = tmp_path / "run"
+    write_steps(out, range(3))
+    original, calls = torch.optim.AdamW.step, []
+
+    def damaged_step(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # optimizer step of step 1
+            self.state[self.param_groups[0]["params"][0]]["exp_avg_sq"].fill_(-2.4e8)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", damaged_step)
+    with pytest.raises(NonFiniteError, match=r"^trainer step 1: \d+ parameter\(s\) non-finite after the optimizer "
+                                             r"step \(first: model\.embed_tokens\.weight\); stopping before"):
+        train(config(tiny_model_dir, out, max_steps=3, ckpt={"interval": 1}))
+    assert list_steps(out / "weights") == [1]
+    assert list_steps(out / "checkpoints") == [1]
+
+
+def files_state(out: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")
+            if p.is_file() and p.parts[len(out.parts)] != "logs"}
+
+
+def test_flipped_bytes_in_a_checkpoint_shard_stop_the_resume_in_one_line(tiny_model_dir, tmp_path, capsys):
+    """Regression (issue 12.7): 8 flipped bytes in a .distcp shard loaded silently and the next step wrote
+    NaN weights. Now the resume exits 2 with one line naming the file, and writes nothing."""
+    out = tmp_path / "run"
+    write_steps(out, range(3))
+    train(config(tiny_model_dir, out, ckpt={"interval": 1}))
+    shard = ckpt_dir(out, 1) / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    shard.write_bytes(bytes(data))
+    before = files_state(out)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["--model.name", str(tiny_model_dir), "--output-dir", str(out), "--wandb.mode", "disabled",
+              "--max-steps", "3", "--ckpt.resume-step", "1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint file {shard} is corrupted (sha256 mismatch)" in err
+    assert "Traceback" not in err
+    assert files_state(out) == before
 
 
 def test_entrypoint_exit_codes(tiny_model_dir, tmp_path, capsys):
@@ -170,7 +220,7 @@ def test_keep_one_with_orchestrator_parts_ahead_keeps_the_trainers_newest(tiny_m
         (out / "checkpoints" / f"step_{step}" / "orchestrator").mkdir(parents=True)
     train(config(tiny_model_dir, out, max_steps=3, ckpt={"interval": 1, "keep": 1}))
     assert list_steps(out / "checkpoints") == [3, 4, 5]
-    assert (ckpt_dir(out, 3) / "meta.pt").exists()
+    assert (ckpt_dir(out, 3) / "meta.json").exists()
     assert resolve_resume_step(out, "latest") == 3
 
 

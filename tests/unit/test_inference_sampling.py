@@ -63,3 +63,29 @@ def test_batched_rows_are_seeded_per_row_and_never_draw_dropped_tokens():
     alone = sample(logprobs[1], 1.0, torch.Generator().manual_seed(7))
     assert int(sample_rows(logprobs, 1.0, [None, torch.Generator().manual_seed(7), None])[1]) == alone
     assert sample_rows(logprobs, 0.0, [None] * 3).tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-45, 1e-30, 1e-8, 1e-3, 9.99e-3])
+def test_tiny_temperatures_tend_to_the_argmax_and_never_give_nan(temperature):
+    logits = torch.stack([LOGITS, LOGITS * 1e4, torch.tensor([3.0, 3.0, 1.0, 0.0, -1.0])])  # large logits; a tie
+    for top_k, top_p in ((-1, 1.0), (2, 1.0), (-1, 0.9)):
+        got = processed_logprobs(logits, temperature, top_k, top_p)
+        assert not torch.isnan(got).any()
+        tokens = sample_rows(got, temperature, [torch.Generator().manual_seed(s) for s in range(3)])
+        assert torch.isfinite(got.gather(1, tokens[:, None])).all()
+    got = processed_logprobs(logits, temperature)
+    if temperature < 1e-6:
+        assert got[0, 0] == 0 and got[1, 0] == 0 and (got[:2, 1:] < -1e6).all()  # a point mass on the argmax
+        assert torch.allclose(got[2, :2], torch.full((2,), -math.log(2)))  # a tie splits the mass evenly
+
+
+def test_small_temperature_is_the_same_distribution_as_dividing():
+    got = processed_logprobs(LOGITS, temperature=5e-3)
+    assert torch.allclose(got, torch.log_softmax(LOGITS.double() / 5e-3, dim=-1).float(), atol=1e-5)
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-50, 1e-8])
+def test_a_top_p_that_rounds_to_zero_still_keeps_the_top_token(top_p):
+    got = processed_logprobs(LOGITS.repeat(2, 1), temperature=1.0, top_p=top_p)
+    assert (got[:, 0] == 0).all() and torch.isinf(got[:, 1:]).all()
+    assert sample_rows(got, 1.0, [torch.Generator().manual_seed(0), None]).tolist() == [0, 0]

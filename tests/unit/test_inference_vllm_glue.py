@@ -14,6 +14,8 @@ from fastapi.responses import StreamingResponse
 from safetensors.torch import save_file
 
 from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.policy import KEY_ENV, POLICY_ENV, Policy
+from prime_rl.inference.vllm import launch
 from prime_rl.inference.vllm.launch import vllm_args
 from prime_rl.inference.vllm.middleware import CONTEXT_ENV, PrimeRLMiddleware, completion_limit
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
@@ -88,21 +90,32 @@ def fake_vllm_app(engine_client) -> tuple[FastAPI, asyncio.Event]:
     return app, release
 
 
-def weight_dir(tmp_path, step):
+def weight_dir(tmp_path, step, tensors=None, config=None):
+    """A checkpoint directory; the default one matches `served_model`'s."""
     path = tmp_path / f"step_{step}"
     path.mkdir()
-    (path / "config.json").write_text("{}")
-    save_file({"w": torch.zeros(1)}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config or {"model_type": "tiny", "hidden_size": 1}))
+    save_file(tensors or {"w": torch.zeros(1)}, str(path / "model.safetensors"))
     return path
 
 
-def test_middleware_stamps_steps_and_updates_between_requests(tmp_path):
+@pytest.fixture
+def served_model(tmp_path, monkeypatch):
+    """The policy the launcher hands to the middleware: updates from tmp_path, compared with tmp_path/step_0."""
+    model = weight_dir(tmp_path, 0)
+    policy = Policy(weight_roots=(tmp_path.resolve(),), model_dir=str(model))
+    for name, value in policy.to_env().items():
+        monkeypatch.setenv(name, value)
+    return model
+
+
+def test_middleware_stamps_steps_and_updates_between_requests(tmp_path, served_model):
     engine = FakeEngineClient()
     app, release = fake_vllm_app(engine)
 
     async def scenario():
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
             first = await client.post("/v1/completions", json={})
             release.clear()
             in_flight = asyncio.create_task(client.post("/v1/completions", json={}))
@@ -114,7 +127,7 @@ def test_middleware_stamps_steps_and_updates_between_requests(tmp_path):
             old, updated = await in_flight, await update
             new = await client.post("/v1/completions", json={})
             streamed = await client.post("/v1/chat/completions", json={})
-            reset = await client.post("/reset")
+            reset = await client.post("/reset", json={})
             return first, old, updated, new, streamed, reset
 
     first, old, updated, new, streamed, reset = asyncio.run(scenario())
@@ -131,32 +144,45 @@ def test_middleware_stamps_steps_and_updates_between_requests(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("body", "message"),
-    [({"path": "/nowhere/step_1"}, "does not exist"), ({"nope": 1}, "invalid request"), (None, "cannot load weights")],
+    ("make", "status", "message"),
+    [
+        (lambda p: {"path": str(p / "step_9")}, 400, "does not exist"),
+        (lambda p: {"path": "/nowhere/step_1"}, 403, "outside the allowed weight directories"),
+        (lambda p: {"path": f"{p}/step_5/../../step_5"}, 403, "outside the allowed weight directories"),
+        (lambda p: {"nope": 1}, 400, "invalid request"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"v": torch.zeros(1)}))}, 400, "tensors missing"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.zeros(2)}))}, 400, "has shape [2]"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.zeros(1, dtype=torch.int64)}))}, 400, "dtype"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.full((1,), float("nan"))}))}, 400, "NaN"),
+        (lambda p: {"path": str(weight_dir(p, 5, config={"model_type": "other"}))}, 400, "another architecture"),
+        (None, 400, "cannot load weights"),
+    ],
 )
-def test_middleware_rejects_bad_updates_and_keeps_the_step(tmp_path, body, message):
-    engine = FakeEngineClient(fail=body is None)
+def test_middleware_rejects_bad_updates_and_keeps_the_step(tmp_path, served_model, make, status, message):
+    engine = FakeEngineClient(fail=make is None)
     app, _ = fake_vllm_app(engine)
-    body = body or {"path": str(weight_dir(tmp_path, 5))}
+    body = make(tmp_path) if make else {"path": str(weight_dir(tmp_path, 5))}
 
     async def scenario():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-            bad = await client.post("/update_weights", content=json.dumps(body))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            bad = await client.post("/update_weights", content=json.dumps(body),
+                                    headers={"content-type": "application/json"})
             after = await client.post("/v1/completions", json={})
             return bad, after
 
     bad, after = asyncio.run(scenario())
-    assert bad.status_code == 400 and message in bad.json()["error"]["message"]
+    assert bad.status_code == status and message in bad.json()["error"]["message"], bad.text
     assert after.json()["weight_step"] == 0
+    assert engine.calls == ([("load_weights_from_dir", (str(tmp_path / "step_5"),))] if make is None else [])
 
 
 def test_completion_limit_reads_max_tokens_and_counts_prompts():
-    assert completion_limit(b'{"prompt": "abc", "max_tokens": 5}') == (5, True)
-    assert completion_limit(b'{"messages": [], "max_completion_tokens": 7}') == (7, True)
-    assert completion_limit(b'{"prompt": [1, 2, 3]}') == (None, True)
-    assert completion_limit(b'{"prompt": ["a", "b"], "max_tokens": 5}') == (5, False)  # two prompts
-    assert completion_limit(b'{not json') == (None, False)
-    assert completion_limit(b'{"prompt": "a", "max_tokens": true}') == (None, True)
+    assert completion_limit({"prompt": "abc", "max_tokens": 5}) == (5, True)
+    assert completion_limit({"messages": [], "max_completion_tokens": 7}) == (7, True)
+    assert completion_limit({"prompt": [1, 2, 3]}) == (None, True)
+    assert completion_limit({"prompt": ["a", "b"], "max_tokens": 5}) == (5, False)  # two prompts
+    assert completion_limit([1]) == (None, False)
+    assert completion_limit({"prompt": "a", "max_tokens": True}) == (None, True)
 
 
 def test_middleware_refuses_prompt_plus_max_tokens_beyond_the_context(monkeypatch):
@@ -208,3 +234,70 @@ def test_worker_extension_reloads_every_tensor_of_the_directory(tmp_path):
     old_style.model_runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda weights: loaded.update(weights)))
     old_style.load_weights_from_dir(str(path))
     assert set(loaded) == {"a", "b"}
+
+
+def test_middleware_guards_every_route_with_the_launchers_policy(tmp_path, monkeypatch):
+    """The API key, the admin-endpoint checks and the body cap, as the builtin server has them."""
+    for name, value in Policy(api_key="k3y", max_request_bytes=1000, weight_roots=(tmp_path,)).to_env().items():
+        monkeypatch.setenv(name, value)
+    engine = FakeEngineClient()
+    app, _ = fake_vllm_app(engine)
+    auth = {"authorization": "Bearer k3y"}
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8000") as c:
+            return [
+                await c.post("/v1/completions", json={}),
+                await c.post("/update_weights", json={"path": str(tmp_path)}),
+                await c.post("/reset", json={}, headers={**auth, "host": "attacker.example"}),
+                await c.post("/reset", content=b"{}", headers={**auth, "content-type": "text/plain"}),
+                await c.post("/v1/completions", content=b"x" * 1001, headers=auth),
+                await c.post("/v1/completions", json={}, headers=auth),
+                await c.post("/reset", json={}, headers=auth),
+            ]
+
+    statuses = [r.status_code for r in asyncio.run(scenario())]
+    assert statuses == [401, 401, 403, 415, 413, 200, 200]
+    assert engine.calls == [("reset_prefix_cache", ())]  # only the last, authorised reset got through
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [(b'{"prompt": "a", "temperature": NaN}', "NaN"), (b'{"prompt": "\\ud800"}', "surrogate"),
+     (b"[" * 50_000 + b"]" * 50_000, "nested"), (b'{"prompt": "a", "max_tokens": 1e999}', "out of range")],
+)
+def test_middleware_refuses_what_is_not_strict_json_before_vllm_sees_it(raw, message):
+    reached = []
+
+    async def vllm(scope, receive, send):  # stands in for vLLM's app: records what gets through
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=PrimeRLMiddleware(vllm))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            bad = await client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+            good = await client.post("/v1/completions", json={"prompt": "a"})
+            return bad, good
+
+    bad, good = asyncio.run(scenario())
+    assert bad.status_code == 400 and message in bad.json()["error"]["message"]
+    assert good.status_code == 200 and reached == ["/v1/completions"]  # only the good one reached vLLM
+
+
+def test_launch_hands_the_policy_to_vllm_through_the_environment_never_argv(tmp_path, monkeypatch):
+    execs = []
+    monkeypatch.setattr(launch, "vllm_available", lambda: True)
+    monkeypatch.setattr(launch.os, "execv", lambda exe, argv: execs.append(argv))
+    monkeypatch.setattr(launch.os, "environ", {})
+    config = InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "weight_dirs": [str(tmp_path / "w")],
+                                              "api_key": "do-not-show", "max_request_bytes": 1234})
+    launch.exec_vllm(config)
+    assert "do-not-show" not in " ".join(execs[0])
+    env = launch.os.environ
+    assert env[KEY_ENV] == "do-not-show"
+    policy = Policy.from_env(env)
+    assert policy == Policy.from_config(config)
+    assert policy.weight_roots == ((tmp_path / "w").resolve(), tmp_path.resolve()) and policy.max_request_bytes == 1234
+    assert "do-not-show" not in env[POLICY_ENV]

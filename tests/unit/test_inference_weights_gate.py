@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.weights import check_weight_dir
+from prime_rl.inference.policy import resolve_roots
+from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError
 
 
@@ -19,8 +20,9 @@ def _weights(path):
 
 
 def test_step_comes_from_the_directory_name(tmp_path):
-    assert check_weight_dir(_weights(tmp_path / "weights" / "step_12")) == (tmp_path / "weights" / "step_12", 12)
-    assert check_weight_dir(_weights(tmp_path / "final"), step=3)[1] == 3
+    roots = (tmp_path,)
+    assert check_weight_dir(_weights(tmp_path / "weights" / "step_12"), None, roots) == (tmp_path / "weights" / "step_12", 12)
+    assert check_weight_dir(_weights(tmp_path / "final"), 3, roots)[1] == 3
 
 
 @pytest.mark.parametrize(
@@ -30,11 +32,42 @@ def test_step_comes_from_the_directory_name(tmp_path):
         (lambda p: (p / "file").write_text("x") and p / "file", "is not a directory"),
         (lambda p: (p / "step_1").mkdir() or p / "step_1", "is not a weight directory"),
         (lambda p: _weights(p / "latest"), "cannot tell the weight step"),
+        (lambda p: f"{p}/step_1\x00", "invalid weight path"),
     ],
 )
 def test_bad_weight_dirs_are_named(tmp_path, make, message):
     with pytest.raises(UserError, match=message):
-        check_weight_dir(make(tmp_path))
+        check_weight_dir(make(tmp_path), None, (tmp_path,))
+
+
+def test_only_directories_under_an_allowed_root_load_judged_after_symlinks(tmp_path):
+    root = tmp_path / "run" / "weights"
+    inside = _weights(root / "step_1")
+    outside = _weights(tmp_path / "elsewhere" / "step_2")
+    (root / "step_3").symlink_to(outside)  # a link inside the root that leads out
+    (tmp_path / "link_to_root").symlink_to(root)  # a link outside that leads in
+    roots = resolve_roots([root], None)
+    assert check_weight_dir(inside, None, roots) == (inside, 1)
+    assert check_weight_dir(tmp_path / "link_to_root" / "step_1", None, roots) == (inside, 1)
+    for path in (outside, root / "step_3", f"{root}/step_1/../../../elsewhere/step_2", "/etc", tmp_path / "run"):
+        with pytest.raises(WeightPathForbidden, match="outside the allowed weight directories"):
+            check_weight_dir(path, None, roots)
+    # Refused before anything about the path is looked at: a missing path outside is 403, not "does not exist".
+    with pytest.raises(WeightPathForbidden):
+        check_weight_dir(tmp_path / "nope" / "step_1", None, roots)
+    with pytest.raises(WeightPathForbidden, match="no weight directory is allowed"):
+        check_weight_dir(inside, None, ())
+
+
+def test_roots_are_resolved_at_start_and_include_the_model_directory(tmp_path, monkeypatch):
+    model = _weights(tmp_path / "model")
+    (tmp_path / "alias").symlink_to(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path)
+    roots = resolve_roots(["alias/weights"], str(model))  # relative, through a link, not yet created
+    assert roots == (tmp_path.resolve() / "run" / "weights", model.resolve())
+    assert check_weight_dir(model, 0, roots) == (model.resolve(), 0)  # the initial model reloads as step 0
+    assert resolve_roots([], "Qwen/Qwen3-0.6B") == ()  # a hub name is no directory
 
 
 def test_update_waits_for_in_flight_requests_and_holds_new_ones():

@@ -11,6 +11,7 @@ import pytest
 
 from prime_rl.configs.cli import build_config
 from prime_rl.configs.rl import RLConfig
+from prime_rl.launch.output_dir import MARKER
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
 from prime_rl.rl import prepare_output_dir
@@ -24,12 +25,14 @@ def rl_config(tmp_path, *extra):
 def test_existing_run_needs_resume_or_overwrite(tmp_path):
     config = rl_config(tmp_path)
     (tmp_path / "run" / "weights").mkdir(parents=True)
+    (tmp_path / "run" / MARKER).write_text("{}")
     with pytest.raises(ConfigError, match="already holds a run"):
         prepare_output_dir(config)
-    prepare_output_dir(rl_config(tmp_path, "--ckpt.resume-step", "latest"))
+    assert prepare_output_dir(rl_config(tmp_path, "--ckpt.resume-step", "latest")) == []
+    # prepare_output_dir only plans (tests/unit/test_output_dir.py covers the deletion rules)
+    assert set(prepare_output_dir(rl_config(tmp_path, "--overwrite"))) == {config.output_dir / "weights",
+                                                                           config.output_dir / MARKER}
     assert (tmp_path / "run" / "weights").exists()
-    prepare_output_dir(rl_config(tmp_path, "--overwrite"))
-    assert not (tmp_path / "run" / "weights").exists()
 
 
 def test_metrics_tail_reads_only_complete_lines(tmp_path):

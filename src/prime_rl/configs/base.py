@@ -15,10 +15,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from prime_rl.configs.strict import reject_misplaced_bools
 from prime_rl.configs.toml_io import deep_merge, read_toml
 
 ENV_PREFIX = "PRIME_"
@@ -28,12 +29,22 @@ ENV_NESTED_DELIMITER = "__"
 # builds sources from the class, not the instance; the class check keeps nested entrypoint
 # configs (`rl`'s `[trainer]` default) from reading the outer command's files and env vars.
 _building: ContextVar[tuple[type | None, tuple[Path, ...]]] = ContextVar("_building", default=(None, ()))
+# True while an entrypoint config validates its fields: an entrypoint config nested in another
+# (`rl`'s components) leaves its cross-field checks to the outer one (see check_consistency).
+_inside_entrypoint: ContextVar[bool] = ContextVar("_inside_entrypoint", default=False)
+
+# Every config: unknown keys are errors, assignments are validated, a float must be finite
+# (inf/nan only where a field says Field(allow_inf_nan=True)), and a boolean only goes to an
+# on/off key (`prime_rl.configs.strict`).
+_STRICT = dict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class BaseConfig(BaseModel):
-    """A config section: typed, validated on assignment, unknown keys rejected."""
+    """A config section: typed, validated on assignment, unknown keys rejected, floats finite."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(**_STRICT)
+
+    _no_misplaced_bools = model_validator(mode="before")(classmethod(reject_misplaced_bools))
 
 
 class _TomlFilesSource(PydanticBaseSettingsSource):
@@ -53,9 +64,7 @@ class EntrypointConfig(BaseSettings):
     """Top-level config of one entrypoint, built from TOML files, env vars and CLI flags."""
 
     model_config = SettingsConfigDict(
-        extra="forbid",
-        validate_assignment=True,
-        use_attribute_docstrings=True,
+        **_STRICT,
         env_prefix=ENV_PREFIX,
         env_nested_delimiter=ENV_NESTED_DELIMITER,
         env_parse_none_str="none",
@@ -65,6 +74,32 @@ class EntrypointConfig(BaseSettings):
     # nested sections (rl's shared keys, which its components inherit).
     command: ClassVar[str] = ""
     help_hidden: ClassVar[tuple[str, ...]] = ()
+
+    _no_misplaced_bools = model_validator(mode="before")(classmethod(reject_misplaced_bools))
+
+    def check_consistency(self, prefix: str = "") -> None:
+        """Rules that tie several keys (or files they name) together; raise ValueError naming `prefix` + key.
+
+        Runs once, on the outermost entrypoint config, after every field is validated, and on
+        each validated assignment. A config nested in another (`rl`'s `[trainer]`) does not run
+        its own: it gets `rl`'s shared keys only after validation, so `rl` runs it (with a
+        prefix) once they are handed down.
+        """
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _mark_inside(cls, data: Any, handler: Any) -> Any:
+        token = _inside_entrypoint.set(True)
+        try:
+            return handler(data)
+        finally:
+            _inside_entrypoint.reset(token)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EntrypointConfig:
+        if not _inside_entrypoint.get():
+            self.check_consistency()
+        return self
 
     @classmethod
     def settings_customise_sources(

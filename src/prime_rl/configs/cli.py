@@ -4,11 +4,14 @@
 
 Keys may use `-` or `_` (`--max-steps` == `--max_steps`). Values are read as TOML
 literals when they parse as one (`7`, `1e-5`, `true`, `[0, 1]`, `"text"`) and as plain
-strings otherwise (`--loss.type sapo`).
+strings otherwise (`--loss.type sapo`). A bare `--flag` / `--no-flag` (no value, or followed
+by another option or file) is only for on/off keys: for any other key it is an error, never
+`true` (= 1 step for `--max-steps`). Unknown `PRIME_*` variables: `prime_rl.configs.env_vars`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 import typing
@@ -17,10 +20,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_settings import SettingsError
 
-from prime_rl.configs.base import EntrypointConfig
+from prime_rl.configs.base import ENV_PREFIX, EntrypointConfig
 from prime_rl.configs.describe import describe_config, model_types, tag_of
+from prime_rl.configs.env_vars import unknown_env_vars
+from prime_rl.configs.strict import check_bare_flags
 from prime_rl.configs.toml_io import dump_toml
+from prime_rl.utils.disk import as_disk_error
 from prime_rl.utils.errors import ConfigError, PrimeError
 
 C = TypeVar("C", bound=EntrypointConfig)
@@ -31,6 +38,7 @@ class ParsedArgs(typing.NamedTuple):
     overrides: dict[str, Any]
     help: bool
     dry_run: bool
+    bare_flags: tuple[str, ...] = ()  # keys given as --key / --no-key without a value
 
 
 def _parse_value(text: str) -> Any:
@@ -57,6 +65,7 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
     """Split argv into TOML files, nested overrides and the --help/--dry-run flags."""
     files: list[Path] = []
     overrides: dict[str, Any] = {}
+    bare_flags: list[str] = []
     want_help = dry_run = False
     args = list(argv)
     i = 0
@@ -83,14 +92,14 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
             else:
                 # A bare flag: --flag is true, --no-flag (or --section.no-flag) is false.
                 head, _, last = key.rpartition(".")
-                if last.startswith("no-") or last.startswith("no_"):
-                    _set_dotted(overrides, (head + "." if head else "") + last[3:], False)
-                else:
-                    _set_dotted(overrides, key, True)
+                negated = last.startswith(("no-", "no_"))
+                target = (head + "." if head else "") + last[3:] if negated else key
+                _set_dotted(overrides, target, not negated)
+                bare_flags.append(target)
         else:
             raise ConfigError(f"unexpected argument {arg!r}: use '@ file.toml' or '--key value'")
         i += 1
-    return ParsedArgs(files, overrides, want_help, dry_run)
+    return ParsedArgs(files, overrides, want_help, dry_run, tuple(bare_flags))
 
 
 # ---------------------------------------------------------------------------- errors
@@ -120,6 +129,13 @@ def _walk(root: type[BaseModel], loc: Sequence[Any]) -> tuple[str, type[BaseMode
     return ".".join(parts), candidates[0] if len(candidates) == 1 else None
 
 
+def _is_secret(root: type[BaseModel], loc: tuple) -> bool:
+    """Whether `loc` is a SecretStr field, whose value an error message must not echo."""
+    parent = _walk(root, loc[:-1])[1] if loc else None
+    field = parent.model_fields.get(str(loc[-1])) if parent is not None else None
+    return field is not None and "SecretStr" in str(field.annotation)
+
+
 def format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     """One line: the first problem, naming the key and what is allowed."""
     errors = exc.errors(include_url=False)
@@ -132,7 +148,8 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
         msg = f"unknown config key '{key}'" + (f" (allowed here: {allowed})" if allowed else "")
     else:
         got = first.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        hidden = isinstance(got, dict | list) or got is None or _is_secret(root, loc)
+        shown = "" if hidden else f" (got {got!r})"
         text = first["msg"].removeprefix("Value error, ")
         msg = f"invalid config: {text}" if key == "<root>" else f"invalid value for '{key}': {text}{shown}"
     if len(errors) > 1:
@@ -171,15 +188,24 @@ def render_help(config_cls: type[EntrypointConfig]) -> str:
 
 
 def build_config(config_cls: type[C], argv: Sequence[str]) -> tuple[C, ParsedArgs]:
+    """Parse argv and validate; warnings (ignored PRIME_* variables) go to stderr as one line each."""
     args = parse_args(argv)
+    check_bare_flags(config_cls, args.bare_flags)
+    for name in unknown_env_vars(config_cls, os.environ):
+        print(f"warning: ignoring environment variable {name}: not a config key of {config_cls.command}", file=sys.stderr)
     try:
         return config_cls.build(args.toml_files, args.overrides), args
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, config_cls)) from None
+    except SettingsError as exc:  # a PRIME_* variable for a section that is not JSON
+        raise ConfigError(f"invalid {ENV_PREFIX}* environment variable: {exc}".replace("\n", " ")) from None
 
 
 def fail(message: str, code: int) -> typing.NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    try:
+        print(f"error: {message}", file=sys.stderr)
+    except OSError:  # stderr is a log file on the disk that just filled up; the exit code still tells
+        pass
     raise SystemExit(code)
 
 
@@ -211,3 +237,8 @@ def run_main(config_cls: type[C], body: Callable[[C], Any], argv: Sequence[str] 
         fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+    except Exception as exc:
+        disk = as_disk_error(exc, getattr(config, "output_dir", None))
+        if disk is None:
+            raise
+        fail(str(disk), disk.exit_code)

@@ -35,8 +35,22 @@ A TOML file may start with `include = "base.toml"` (or a list of files, relative
 included files are read first and the file's own values merged over them, so a variant states
 only what it changes (see `examples/reverse_text/rl_sapo.toml`).
 
-Unknown keys (at any depth), wrong types, out-of-range values and unreadable TOML files stop the
-command with one line naming the key and what is allowed, exit code 2.
+Unknown keys (at any depth), wrong types, out-of-range values and unreadable or non-UTF-8 TOML
+files stop the command with one line naming the key and what is allowed, exit code 2. Stricter
+than plain pydantic: `true`/`false` only for on/off keys (`--max-steps true` is an error, not 1),
+a bare `--key` without a value only for on/off keys, and no float key takes `inf` or `nan`.
+
+Checked at load time too, so `--dry-run` fails on them: `inference.host` must be an IP address or
+a valid host name (not resolved until `rl` binds it); `output_dir` must be a directory that can be
+created and written (not a file, not under /proc or /sys); `orchestrator.sampling.max_tokens` must
+leave room for a prompt in the model's context (`max_position_embeddings` of its config.json, when
+the model is on this machine: embedded, a local directory, or in the Hugging Face cache) and, under
+`rl`, in `seq_len` and a set `inference.vllm.max_model_len`; `--overwrite` and `ckpt.resume_step`
+exclude each other.
+
+A `PRIME_*` variable that is no key of the command is an error when it is meant as one (a near miss
+such as `PRIME_MAX_STEPZ`, or an unknown key inside a section such as `PRIME_TRAINER__OPTIM__LRR`)
+and otherwise ignored with a one-line warning (the prefix is shared with other tools).
 
 `rl` owns the shared keys (`model`, `output_dir`, `max_steps`, `seq_len`, `seed`, `wandb`,
 `max_async_level`, `loss`, `ckpt`) and hands them to every component that has them; a component

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
@@ -67,7 +67,7 @@ class RLConfig(RunConfig):
     deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
     """Device placement."""
     overwrite: bool = False
-    """Delete a previous run's outputs in output_dir first (otherwise an existing run is an error unless resuming)."""
+    """Delete a previous rl run's outputs in output_dir first, after every check passed: only run artifacts, only in a directory rl marked (.prime-rl-run); other files stay. Without it an existing run is an error unless resuming."""
 
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     """The inference server."""
@@ -76,10 +76,27 @@ class RLConfig(RunConfig):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The trainer."""
 
-    @model_validator(mode="after")
-    def _share_keys(self) -> RLConfig:
+    def check_consistency(self, prefix: str = "") -> None:
+        """Hand the shared keys down, then check each component with them and the rules across components.
+
+        `--overwrite` (delete the run) and `ckpt.resume_step` (continue it) contradict each other; so does an
+        `orchestrator.sampling.max_tokens` that leaves no room for a prompt in the server's context: `seq_len`
+        (the builtin server's, and the length rollouts are packed to) or `inference.vllm.max_model_len` when
+        set and vllm may serve.
+        """
         for component in COMPONENTS:
             sub = getattr(self, component)
             names = [key for key in SHARED_KEYS if key in type(sub).model_fields]
             _hand_down(self, sub, names, component)
-        return self
+        for component in COMPONENTS:
+            getattr(self, component).check_consistency(f"{component}.")
+        if self.overwrite and self.ckpt.resume_step is not None:
+            raise ValueError("overwrite deletes the run that ckpt.resume_step continues: give one of them")
+        limits = {"seq_len": self.seq_len}
+        if self.inference.backend != "builtin" and self.inference.vllm.max_model_len is not None:
+            limits["inference.vllm.max_model_len"] = self.inference.vllm.max_model_len
+        max_tokens = self.orchestrator.sampling.max_tokens
+        for key, limit in limits.items():
+            if max_tokens >= limit:
+                raise ValueError(f"orchestrator.sampling.max_tokens = {max_tokens} leaves no room for a prompt in "
+                                 f"{key} = {limit} (prompt + completion must fit)")

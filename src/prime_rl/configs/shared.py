@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
+from prime_rl.configs.model_info import context_length
+from prime_rl.configs.validators import OutputDir
 from prime_rl.utils.embedded_models import resolve_model_path
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -26,6 +28,10 @@ class ModelConfig(BaseConfig):
     def path(self) -> str:
         """What to hand to `from_pretrained`: an embedded model's directory, else `name` unchanged."""
         return resolve_model_path(self.name)
+
+    def context_length(self) -> tuple[int, Path] | None:
+        """(max_position_embeddings, the config.json read) when the model is on this machine, else None."""
+        return context_length(self.name)
 
 
 class WandbConfig(BaseConfig):
@@ -60,8 +66,8 @@ class RunConfig(EntrypointConfig):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The model."""
 
-    output_dir: Path = Path("outputs/run")
-    """Run directory: configs, rollouts, weights, checkpoints, logs, metrics."""
+    output_dir: OutputDir = Path("outputs/run")
+    """Run directory: configs, rollouts, weights, checkpoints, logs, metrics; must be a creatable, writable directory."""
 
     max_steps: PositiveInt = 20
     """Number of optimizer steps (= rollout batches)."""

@@ -15,7 +15,7 @@ INCLUDE_KEY = "include"
 
 
 def read_toml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Parse one TOML file; a missing or malformed file is a `ConfigError` naming it.
+    """Parse one TOML file; a missing, unreadable, non-UTF-8 or malformed file is a `ConfigError` naming it.
 
     A top-level `include = "base.toml"` (or a list of files, paths relative to this file)
     is read first and this file's values are merged over it, so a variant config can
@@ -26,10 +26,7 @@ def read_toml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     if path.resolve() in _seen:
         raise ConfigError(f"config file {path} includes itself (through {' -> '.join(map(str, _seen))})")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    data = _parse(path)
     includes = data.pop(INCLUDE_KEY, [])
     if isinstance(includes, str):
         includes = [includes]
@@ -39,6 +36,21 @@ def read_toml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     for name in includes:
         merged = deep_merge(merged, read_toml(path.parent / name, (*_seen, path.resolve())))
     return deep_merge(merged, data)
+
+
+def _parse(path: Path) -> dict[str, Any]:
+    """The TOML table in `path`; unreadable bytes, non-UTF-8 text and bad TOML are one-line errors."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}); TOML files must be UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.shared import ModelConfig
+from prime_rl.configs.validators import Host
+from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
 
 # Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (httpx: 5 s), so the
 # client always closes first: with equal timeouts a request sent on a connection the server is just closing
@@ -60,12 +63,20 @@ class InferenceConfig(EntrypointConfig):
     """Seed for sampling."""
     backend: Literal["builtin", "vllm", "auto"] = "auto"
     """builtin (torch), vllm, or auto (vllm when importable and a GPU is present)."""
-    host: str = "127.0.0.1"
-    """Address to bind."""
+    host: Host = "127.0.0.1"
+    """Address to bind: an IP address or a host name (a name must resolve when the server starts)."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     """Port to bind (0: any free port)."""
     update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Longest a weight update waits for in-flight requests to finish (and requests wait for an update)."""
+    api_key: SecretStr | None = Field(default=None, exclude=True)
+    """Bearer token every endpoint but /health requires (Authorization: Bearer <key>); set it as PRIME_API_KEY. Never printed or written to configs/; rl makes a random one per run when unset."""
+    weight_dirs: list[Path] = Field(default_factory=list)
+    """Directories /update_weights may load from (a directory in or below one, after resolving symlinks); the served model's own directory always is. rl adds <output_dir>/weights."""
+    max_request_bytes: Annotated[int, Field(gt=0)] = DEFAULT_MAX_REQUEST_BYTES
+    """Largest request body in bytes; a larger one gets HTTP 413."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host header names /update_weights and /reset accept besides localhost, loopback addresses and `host` (bound to 0.0.0.0 or ::, also any IP address)."""
     builtin: BuiltinConfig = Field(default_factory=BuiltinConfig)
     """Options of the builtin backend."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -3,13 +3,83 @@
 Fields a client may send that do not change the result (`stream: false`, `user`,
 `logprobs`, `return_token_ids`: token ids and logprobs are always returned) are accepted
 and ignored; fields the builtin backend cannot honour are rejected with a 400.
+
+Bodies are parsed strictly (`parse_json`) and numeric fields are typed strictly (no
+booleans or strings for numbers, every float finite), so a malformed request is a 400 at
+the boundary and never reaches the engine, where it could fail other requests.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+MAX_JSON_DEPTH = 32  # the deepest request the API defines is 4 levels; deeper nesting is refused
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the seed range, as vLLM's
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, so what is left here is alone
+
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Int = StrictInt
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _check_tree(value: Any) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH and strings (values or keys) with a lone surrogate.
+
+    A lone surrogate ("\\ud800") is valid JSON but no valid text: it cannot be encoded, so
+    a tokenizer fails on it. Iterative, so no depth makes it recurse.
+    """
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if LONE_SURROGATE.search(node):
+                raise ValueError("a string holds a lone UTF-16 surrogate (not valid Unicode text)")
+            continue
+        if not isinstance(node, dict | list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        items = node.items() if isinstance(node, dict) else ((None, v) for v in node)
+        for key, child in items:
+            if key is not None:
+                stack.append((key, depth))
+            stack.append((child, depth + 1))
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, strictly; anything else raises ValueError with a one-line reason.
+
+    Strict means: UTF-8; no `NaN`/`Infinity` constants or numbers that overflow to
+    infinity; no lone surrogates; at most MAX_JSON_DEPTH levels of nesting.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("malformed JSON body: not UTF-8") from None
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"malformed JSON body ({exc.msg} at position {exc.pos})") from None
+    except ValueError as exc:  # our constant/float refusals, or an integer with too many digits
+        raise ValueError(f"malformed JSON body: {exc}") from None
+    _check_tree(value)
+    return value
 
 
 class ChatMessage(BaseModel):
@@ -20,19 +90,19 @@ class ChatMessage(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
-    n: Annotated[int, Field(ge=1, le=1024)] = 1
-    temperature: Annotated[float, Field(ge=0)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: int = -1
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[Int, Field(ge=1, le=1024)] = 1
+    temperature: Annotated[Float, Field(ge=0)] = 1.0
+    top_p: Annotated[Float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[Int, Field(ge=-1)] = -1
+    max_tokens: Annotated[Int, Field(ge=1)] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[Int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     logprobs: Any = None
     stream: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
 
     @model_validator(mode="after")
     def _supported(self):
@@ -56,7 +126,7 @@ class SamplingFields(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
     def _one_limit(self):
@@ -66,7 +136,7 @@ class ChatRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] = Field(min_length=1)
+    prompt: str | list[Int] = Field(min_length=1)
     echo: bool = False
 
     @model_validator(mode="after")
@@ -90,5 +160,5 @@ def context_overflow(prompt_tokens: int, max_tokens: int, context_len: int) -> s
 class UpdateWeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str
-    step: Annotated[int, Field(ge=0)] | None = None
+    path: str = Field(min_length=1)
+    step: Annotated[Int, Field(ge=0, le=INT64_MAX)] | None = None

@@ -10,6 +10,11 @@ For logits `z` (one position, float32) the distribution sampled from is
 and the logprob reported for the sampled token is `log p_kp[token]`. Without top-k/top-p
 this is exactly the trainer's `log_softmax(logits / T)[token]`.
 
+Any T > 0 is computed without overflow: below SMALL_TEMPERATURE the logits are shifted
+by their maximum first (softmax does not change) and the divisor is at least the
+smallest normal float32, so no tiny T turns `z / T` into inf - inf = NaN; the result
+tends to a point mass on the argmax, as it should.
+
 T = 0 is greedy decoding: the token is `argmax z` and the reported logprob is that of the
 untempered model, `log_softmax(z)[token]` (the sampled distribution is a point mass, whose
 logprob 0 carries no information; T = 1 is what a trainer would compare it with).
@@ -24,13 +29,24 @@ from collections.abc import Sequence
 
 import torch
 
+SMALL_TEMPERATURE = 1e-2  # at or above it |z| / T stays far inside float32's range for any real logits
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`logits / temperature` (T > 0) that never overflows into NaN (see the module docstring)."""
+    if temperature >= SMALL_TEMPERATURE:
+        return logits / temperature
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    return shifted / max(temperature, _TINY)
+
 
 def processed_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
     """Log-probabilities [V] of the distribution actually sampled from (-inf outside the kept set)."""
     logits = logits.float()
     if temperature == 0:
         return torch.log_softmax(logits, dim=-1)
-    scaled = logits / temperature
+    scaled = tempered(logits, temperature)
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
         kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
@@ -38,9 +54,11 @@ def processed_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1
     if top_p < 1.0:
         sorted_logits, order = torch.sort(scaled, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep a token if the mass strictly before it is below top_p (the top token always stays).
+        # Keep a token if the mass strictly before it is below top_p; the top token always stays, even when
+        # top_p is so small that it rounds to 0 in float32.
         mass_before = torch.cumsum(probs, dim=-1) - probs
         drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scaled = scaled.masked_fill(drop, float("-inf"))
     return torch.log_softmax(scaled, dim=-1)

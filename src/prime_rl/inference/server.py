@@ -44,18 +44,22 @@ def serve_builtin(config: InferenceConfig) -> None:
     from prime_rl.inference.builtin.app import create_app
     from prime_rl.inference.builtin.engine import Engine
     from prime_rl.inference.gate import WeightGate
+    from prime_rl.inference.policy import Policy
 
     log = setup_logging("inference")
     sock = bind(config.host, config.port)  # before loading: a busy port fails fast
+    policy = Policy.from_config(config)
     b = config.builtin
     engine = Engine(config.model.path, context_len=config.seq_len, seed=config.seed, device=b.device, dtype=b.dtype,
                     max_batch_size=b.max_batch_size, trust_remote_code=config.model.trust_remote_code,
                     threads=b.threads)
     # Loaded from `model.path` (an embedded default resolves to its directory); served as `model.name`.
-    app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s))
+    app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s), policy)
     host, port = sock.getsockname()[:2]
     log.info(f"builtin backend: {config.model.name} on {engine.device}, context {engine.context_len}; "
              f"serving on http://{host}:{port}")
+    log.info(f"API key {'required' if policy.api_key else 'not set'}; weight updates from: "
+             f"{', '.join(map(str, policy.weight_roots)) or 'nowhere'}")
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
                                            timeout_keep_alive=KEEP_ALIVE_S))
     try:

@@ -1,8 +1,16 @@
-"""Weight directories (`weights/step_N/`, HF format) as both backends accept them."""
+"""Weight directories (`weights/step_N/`, HF format) as both backends accept them.
+
+A directory is accepted only under an allowed root (`Policy.weight_roots`: the config's
+`weight_dirs` and the served model's own directory), judged after resolving symlinks and
+`..`, so a link or a relative path cannot lead outside. The root check comes before any
+look at the path, so a refused path reveals nothing about what exists there.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from prime_rl.utils.errors import UserError
@@ -10,24 +18,47 @@ from prime_rl.utils.errors import UserError
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def check_weight_dir(path: str | Path, step: int | None = None) -> tuple[Path, int]:
-    """Validate a weight directory and return it with its weight step.
+class WeightPathForbidden(UserError):
+    """A weight path outside every allowed root (HTTP 403)."""
 
-    The step is `step` when given, else parsed from the directory name `step_N`.
-    Raises `UserError` naming what is wrong.
+
+def resolve_allowed(path: str | Path, roots: Sequence[Path]) -> Path:
+    """`path` resolved after symlinks, if that is one of `roots` or below one; else WeightPathForbidden."""
+    try:
+        real = Path(os.path.realpath(path))
+    except (ValueError, OSError) as exc:  # an embedded NUL byte, a path too long
+        raise UserError(f"invalid weight path: {exc}") from None
+    if not roots:
+        raise WeightPathForbidden(
+            "this server loads no weight updates: no weight directory is allowed (start it with --weight-dirs)")
+    if not any(real == root or real.is_relative_to(root) for root in roots):
+        allowed = ", ".join(str(root) for root in roots)
+        raise WeightPathForbidden(f"weight path {path} is outside the allowed weight directories ({allowed})")
+    return real
+
+
+def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) -> tuple[Path, int]:
+    """Validate a weight directory; return its resolved path and its weight step.
+
+    The directory must resolve under one of `roots` (else `WeightPathForbidden`), exist
+    and hold `config.json` and `*.safetensors`. The step is `step` when given, else parsed
+    from the resolved directory's name `step_N`. Other problems raise `UserError`.
     """
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"weight path {path} does not exist")
-    if not path.is_dir():
-        raise UserError(f"weight path {path} is not a directory")
-    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-        raise UserError(f"weight path {path} is not a weight directory (needs config.json and *.safetensors)")
+    real = resolve_allowed(path, roots)
+    try:
+        if not real.exists():
+            raise UserError(f"weight path {path} does not exist")
+        if not real.is_dir():
+            raise UserError(f"weight path {path} is not a directory")
+        if not (real / "config.json").is_file() or not any(real.glob("*.safetensors")):
+            raise UserError(f"weight path {path} is not a weight directory (needs config.json and *.safetensors)")
+    except OSError as exc:
+        raise UserError(f"cannot read weight path {path}: {exc.strerror}") from None
     if step is None:
-        match = STEP_DIR.match(path.name)
+        match = STEP_DIR.match(real.name)
         if match is None:
             raise UserError(f"cannot tell the weight step of {path}: name it step_N or pass 'step'")
         step = int(match.group(1))
     if step < 0:
         raise UserError(f"weight step must be >= 0 (got {step})")
-    return path, step
+    return real, step

@@ -32,7 +32,7 @@ class Child:
     name: str
     command: list[str]
     log_path: Path
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the run's inference API key
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self) -> None:

@@ -3,7 +3,9 @@
 `step_N` means N rollout batches (steps 0..N-1) were written; resuming from it generates
 step N next. The state is the step, how many examples each environment has yielded (its
 data cursor: environments are deterministic per seed, so resume skips that many) and the
-prompt-sampling RNG. Written atomically.
+prompt-sampling RNG. Written atomically with a `manifest.json` (size and sha256 of
+state.json, `utils/checksums.py`) that `load_state` verifies before reading: a missing,
+changed or extra file, or no manifest, is a one-line `UserError`.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prime_rl.run_dir import ORCHESTRATOR, checkpoint_dir, prune_checkpoints
+from prime_rl.utils.checksums import verify_manifest, write_manifest
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import atomic_dir
+from prime_rl.utils.json_state import python_rng_from_json, python_rng_to_json
 
 STATE_FILE = "state.json"
 
@@ -36,13 +40,12 @@ class OrchestratorState:
 
 
 def rng_to_json(rng: random.Random) -> list:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
+    return python_rng_to_json(rng.getstate())
 
 
 def rng_from_json(state: list) -> random.Random:
     rng = random.Random()
-    rng.setstate((state[0], tuple(state[1]), state[2]))
+    rng.setstate(python_rng_from_json(state))
     return rng
 
 
@@ -51,13 +54,20 @@ def save_state(output_dir: Path, state: OrchestratorState, keep: int | None = No
     target = checkpoint_dir(output_dir, state.step, ORCHESTRATOR)
     with atomic_dir(target) as tmp:
         (tmp / STATE_FILE).write_text(state.to_json())
+        write_manifest(tmp)
     prune_checkpoints(output_dir, keep)
     return target
 
 
 def load_state(output_dir: Path, step: int) -> OrchestratorState:
-    path = checkpoint_dir(output_dir, step, ORCHESTRATOR) / STATE_FILE
+    """The state of `checkpoints/step_N/orchestrator/` after verifying its manifest; a one-line `UserError` otherwise."""
+    directory = checkpoint_dir(output_dir, step, ORCHESTRATOR)
+    verify_manifest(directory)
+    path = directory / STATE_FILE
     try:
-        return OrchestratorState.from_json(path.read_text())
-    except (OSError, ValueError, KeyError) as exc:
+        state = OrchestratorState.from_json(path.read_text())
+        if state.rng_state is not None:
+            rng_from_json(state.rng_state)  # a state random.setstate refuses fails here, in one line
+        return state
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"cannot read orchestrator checkpoint {path}: {exc}") from None

@@ -5,7 +5,8 @@ Reads the response contract of docs/inference.md (both backends): top-level
 `logprobs.content[].logprob`. Requests ask for `n` completions of one prompt with
 `logprobs: true, return_token_ids: true` (vLLM needs both). At most `max_concurrency`
 requests are in flight; an unreachable server is retried until `connect_timeout_s`,
-then the run fails with a one-line error naming the URL.
+then the run fails with a one-line error naming the URL. With `api_key` set every request
+carries `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ class InferenceClient:
         self.model: str | None = None
         self._limit = asyncio.Semaphore(config.max_concurrency)
         limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s, connect=10.0), limits=limits)
+        headers = {"Authorization": f"Bearer {config.api_key.get_secret_value()}"} if config.api_key else {}
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s, connect=10.0), limits=limits,
+                                       headers=headers)
 
     async def __aenter__(self) -> InferenceClient:
         return self

@@ -6,7 +6,7 @@ import importlib.util
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import import_loss_function
@@ -28,6 +28,8 @@ class ClientConfig(BaseConfig):
     """How long to keep retrying an unreachable server before the run fails."""
     max_concurrency: Annotated[int, Field(gt=0)] = 64
     """Most requests in flight at once (each asks for rollouts_per_example completions)."""
+    api_key: SecretStr | None = Field(default=None, exclude=True)
+    """The inference server's API key, sent as Authorization: Bearer <key>; set it as PRIME_CLIENT__API_KEY (rl hands it down). Never printed or written to configs/."""
 
 
 class EnvConfig(BaseConfig):
@@ -69,7 +71,7 @@ MIN_TRAIN_TEMPERATURE = 1e-3
 class SamplingConfig(BaseConfig):
     """Sampling parameters of training rollouts."""
 
-    temperature: float = 1.0
+    temperature: Annotated[float, Field(allow_inf_nan=True)] = 1.0  # inf/nan reach the validator, which says why not
     """Sampling temperature T, finite and >= 1e-3: the trainer scores tokens with log_softmax(logits / T), so T = 0 (greedy) cannot be trained on (use eval.temperature = 0 for greedy evaluation)."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling mass (keep 1.0 for RL: the trainer does not truncate)."""
@@ -213,3 +215,16 @@ class OrchestratorConfig(RunConfig):
         if duplicates:
             raise ValueError(f"environment names must be unique, repeated: {', '.join(duplicates)} (set env[].name)")
         return self
+
+    def check_consistency(self, prefix: str = "") -> None:
+        """sampling.max_tokens must leave room for a prompt (of at least one token) in the model's context:
+        max_position_embeddings of its config.json, when the model is on this machine. No server serves more.
+
+        Not checked against seq_len here: on its own the orchestrator cuts longer rollouts to seq_len (its
+        server may allow more); under `rl`, where seq_len is also the server's context, rl checks that too.
+        """
+        max_tokens = self.sampling.max_tokens
+        known = self.model.context_length()
+        if known is not None and max_tokens >= known[0]:
+            raise ValueError(f"{prefix}sampling.max_tokens = {max_tokens} leaves no room for a prompt in the model's "
+                             f"context of {known[0]} tokens (max_position_embeddings in {known[1]})")

@@ -1,14 +1,27 @@
 """`checkpoints/step_N/trainer/`: everything needed to continue after N optimizer steps.
 
-Model and optimizer state go through `torch.distributed.checkpoint` (each rank writes its
-shards; any world size can load them). The scheduler, the step and each rank's RNG states
-are small and saved beside them with `torch.save`. The directory is written under a
-temporary name and renamed by rank 0 once every rank has finished, so a checkpoint
-directory either is complete or does not exist.
+    .metadata, __R_0.distcp   model and optimizer: torch.distributed.checkpoint, each rank writes
+                              its shards and any world size can load them
+    meta.json                 {"step", "scheduler": its state dict, "extra"} (rank 0)
+    rank_R.json               rank R's RNG states: torch, python `random` and CUDA when present
+    manifest.json             size and sha256 of every other file (`utils/checksums.py`)
+
+Nothing is pickled besides DCP's own files, and those load with `safe_dcp`'s allow-list:
+resuming from a checkpoint someone else supplied cannot run code. State that JSON would
+not give back exactly fails at save time, before anything is written (`utils/json_state`).
+
+Save: every rank writes into `step_N/.trainer.tmp`; after a barrier rank 0 hashes all
+ranks' files (the directory is shared, as the rename below already requires), writes the
+manifest last and renames the directory into place, so a checkpoint directory exists only
+complete and with its manifest. Load: rank 0 verifies the manifest before anything else is
+read and every rank gets its verdict; any failure (a missing, truncated, changed or extra
+file, no manifest, a checkpoint of another model) is one line naming the checkpoint or
+file (`UserError`, exit 2) on every rank.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -20,30 +33,49 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from prime_rl.run_dir import TRAINER, checkpoint_dir, prune_checkpoints
+from prime_rl.trainer import safe_dcp
+from prime_rl.utils.checksums import CorruptCheckpoint, verify_manifest, write_manifest
+from prime_rl.utils.errors import UserError
+from prime_rl.utils.json_state import (
+    dumps_exact,
+    python_rng_from_json,
+    python_rng_to_json,
+    tensor_rng_from_json,
+    tensor_rng_to_json,
+)
+
+META = "meta.json"
 
 
 def ckpt_dir(output_dir: Path, step: int) -> Path:
     return checkpoint_dir(output_dir, step, TRAINER)
 
 
+def rank_file(directory: Path, rank: int) -> Path:
+    return Path(directory) / f"rank_{rank}.json"
+
+
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    state = {"torch": tensor_rng_to_json(torch.get_rng_state()), "python": python_rng_to_json(random.getstate())}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda"] = tensor_rng_to_json(torch.cuda.get_rng_state())
     return state
 
 
 def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
+    torch.set_rng_state(tensor_rng_from_json(state["torch"]))
+    random.setstate(python_rng_from_json(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        torch.cuda.set_rng_state(tensor_rng_from_json(state["cuda"]))
 
 
 def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler, extra: dict | None = None, keep: int | None = None) -> Path:
     """Collective: every rank calls it after `step` optimizer steps."""
     rank = dist.get_rank()
+    # Every rank serialises first: a field JSON cannot restore fails on all ranks, before any write.
+    meta = dumps_exact({"step": step, "scheduler": scheduler.state_dict(), "extra": extra or {}}, "checkpoint meta")
+    rng = dumps_exact(_rng_state(), "RNG state")
     final = ckpt_dir(output_dir, step)
     tmp = final.parent / f".{TRAINER}.tmp"
     if rank == 0:
@@ -52,11 +84,12 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    torch.save({"rng": _rng_state()}, tmp / f"rank_{rank}.pt")
+    rank_file(tmp, rank).write_text(rng)
     if rank == 0:
-        torch.save({"step": step, "scheduler": scheduler.state_dict(), "extra": extra or {}}, tmp / "meta.pt")
+        (tmp / META).write_text(meta)
     dist.barrier()
     if rank == 0:
+        write_manifest(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -65,17 +98,36 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
     return final
 
 
+def _verify(directory: Path) -> None:
+    """Collective: rank 0 checks the manifest; every rank raises its `CorruptCheckpoint` if any."""
+    verdict = [None]
+    if dist.get_rank() == 0:
+        try:
+            verify_manifest(directory)
+        except CorruptCheckpoint as exc:
+            verdict = [str(exc)]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise CorruptCheckpoint(verdict[0])
+
+
 def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler) -> dict:
-    """Collective: restore model, optimizer, scheduler and this rank's RNG; returns the saved `extra`."""
+    """Collective: verify, then restore model, optimizer, scheduler and this rank's RNG; returns the saved `extra`."""
     directory = ckpt_dir(output_dir, step)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(directory))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    meta = torch.load(directory / "meta.pt", weights_only=False)
-    scheduler.load_state_dict(meta["scheduler"])
-    rank_file = directory / f"rank_{dist.get_rank()}.pt"
-    if rank_file.exists():  # absent when resuming on more ranks than saved: fresh RNG there
-        _set_rng_state(torch.load(rank_file, weights_only=False)["rng"])
-    return meta["extra"]
+    _verify(directory)
+    try:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        safe_dcp.load(state, directory)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        meta = json.loads((directory / META).read_text())
+        if meta["step"] != step:
+            raise ValueError(f"{META} is of step {meta['step']}")
+        scheduler.load_state_dict(meta["scheduler"])
+        own = rank_file(directory, dist.get_rank())
+        if own.exists():  # absent when resuming on more ranks than saved: fresh RNG there
+            _set_rng_state(json.loads(own.read_text()))
+        return meta["extra"]
+    except safe_dcp.LOAD_FAILURES as exc:
+        raise UserError(f"cannot load checkpoint {directory}: {safe_dcp.one_line_reason(exc)}") from None

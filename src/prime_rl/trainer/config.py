@@ -10,14 +10,16 @@ from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
 from prime_rl.configs.shared import CkptConfig, RunConfig
 
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
 
 class OptimConfig(BaseConfig):
     """AdamW and gradient clipping."""
 
     lr: Annotated[float, Field(gt=0)] = 3e-4
     """Peak learning rate."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW betas (beta1, beta2), each in [0, 1): the decay rates of the moment averages."""
     eps: Annotated[float, Field(gt=0)] = 1e-8
     """AdamW epsilon."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0

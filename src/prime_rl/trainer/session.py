@@ -3,8 +3,8 @@ the optimizer step with its NaN guard, weight writing, checkpoints and metrics.
 
 A training step of either entrypoint is: forward/backward every micro-batch (each loss
 already normalised over the whole step, so gradients accumulate to the step's gradient),
-then `optimizer_step` (clip, check finite, AdamW, lr schedule), then `after_step`
-(weights, checkpoint, metrics).
+then `optimizer_step` (clip, check loss and norm finite, AdamW, check parameters finite),
+the lr schedule, then `after_step` (weights, checkpoint, metrics).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import random
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from prime_rl.configs.shared import RunConfig
 from prime_rl.monitor import Monitor
@@ -30,7 +32,27 @@ from prime_rl.utils.logging import setup_logging
 
 
 class NonFiniteError(PrimeError):
-    """Loss or gradient norm is NaN/inf: the step is not applied and nothing of it is written."""
+    """Loss, gradient norm or updated parameters are NaN/inf: nothing of the step is written."""
+
+
+def non_finite_parameters(model: torch.nn.Module) -> list[str]:
+    """Collective: names of the parameters holding a NaN or inf on any rank, in `named_parameters` order.
+
+    One fused L2 norm per local shard (`_foreach_norm`; NaN and inf propagate) and one
+    all-reduce of the per-parameter flags. A finite tensor whose norm overflows (entries
+    above ~1e19) is re-checked element-wise, so only real NaN/inf count. (The inf-norm needs
+    no re-check but took 12 ms instead of 0.5 ms for the embedded model on CPU.)
+    """
+    named = list(model.named_parameters())
+    if not named:  # the same model on every rank: all of them return here
+        return []
+    local = [(p.to_local() if isinstance(p, DTensor) else p).detach() for _, p in named]
+    with torch.no_grad():
+        bad = (~torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(local)]))).float()
+        for i in bad.nonzero().flatten().tolist():
+            bad[i] = float(not bool(torch.isfinite(local[i]).all()))
+        dist.all_reduce(bad)
+    return [named[i][0] for i in bad.nonzero().flatten().tolist()]
 
 
 class TrainSession:
@@ -91,10 +113,12 @@ class TrainSession:
         (loss * self.dist.world_size).backward()
 
     def optimizer_step(self, step: int, loss_value: float) -> float:
-        """Clip, check the (all-reduced) loss and gradient norm are finite, step AdamW; returns the norm.
+        """Clip, check the (all-reduced) loss and gradient norm are finite, step AdamW, check the
+        updated parameters are finite (a damaged optimizer state can turn finite gradients into
+        NaN weights); returns the norm.
 
-        Raises `NonFiniteError` before touching the weights, so no weights or checkpoint of
-        this step are ever written.
+        Raises `NonFiniteError` before `after_step`, so no weights or checkpoint of this step
+        are ever written.
         """
         grad_norm = float(clip_gradients(self.model, self.config.optim.max_norm))
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
@@ -102,6 +126,10 @@ class TrainSession:
                                  f"({grad_norm}); stopping before writing weights or a checkpoint of this step")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        bad = non_finite_parameters(self.model)
+        if bad:
+            raise NonFiniteError(f"{self.source} step {step}: {len(bad)} parameter(s) non-finite after the optimizer "
+                                 f"step (first: {bad[0]}); stopping before writing weights or a checkpoint of this step")
         return grad_norm
 
     def after_step(self, done: int, write: bool, extra: dict | None = None) -> None:

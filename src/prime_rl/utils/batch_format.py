@@ -21,6 +21,7 @@ The step directory is written atomically (all ranks' files appear at once).
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -113,7 +114,9 @@ def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
                 "max_tokens": batch.max_tokens,
                 "micro_batches": [mb.to_dict() for mb in batch.micro_batches],
             }
-            torch.save(payload, rank_file(tmp, rank))
+            buffer = io.BytesIO()  # then one plain write: a full disk is an OSError naming the file
+            torch.save(payload, buffer)
+            rank_file(tmp, rank).write_bytes(buffer.getbuffer())
     return target
 
 

@@ -2,13 +2,15 @@
 
 Every completion response has top-level `prompt_token_ids` and `weight_step`; every
 choice has `token_ids`, `finish_reason` and logprobs (chat: `logprobs.content[]`,
-completions: `logprobs.token_logprobs`). Bad requests get a 4xx `{"error": {...}}`.
+completions: `logprobs.token_logprobs`). Every error, the framework's own 404/405/500
+included, is a JSON `{"error": {...}}`. Requests pass `guard.RequestGuard` first (API
+key, admin checks, body cap). Parsing, validation, chat templating and tokenization run
+in worker threads, so a large body never stalls the event loop (and `/health`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 
@@ -16,11 +18,20 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prime_rl.inference.builtin.engine import Completion, Engine, SamplingParams
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.protocol import ChatRequest, CompletionRequest, SamplingFields, UpdateWeightsRequest
-from prime_rl.inference.weights import check_weight_dir
+from prime_rl.inference.guard import RequestGuard, error_payload
+from prime_rl.inference.policy import Policy
+from prime_rl.inference.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    UpdateWeightsRequest,
+    parse_json,
+)
+from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 
@@ -34,8 +45,7 @@ class HTTPError(Exception):
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    kind = "NotFoundError" if status == 404 else "BadRequestError" if status < 500 else "ServiceUnavailableError"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    return JSONResponse(error_payload(status, message), status_code=status)
 
 
 def _validation_message(exc: ValidationError | RequestValidationError) -> str:
@@ -45,11 +55,12 @@ def _validation_message(exc: ValidationError | RequestValidationError) -> str:
     return f"invalid request: {where + ': ' if where else ''}{msg}"
 
 
-async def _parse(request: Request, model_cls):
+def decode_body(raw: bytes, model_cls):
+    """Strict JSON (`protocol.parse_json`) validated into `model_cls`; HTTPError(400) naming the problem."""
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise HTTPError(400, "malformed JSON body") from None
+        body = parse_json(raw)
+    except ValueError as exc:
+        raise HTTPError(400, str(exc)) from None
     if not isinstance(body, dict):
         raise HTTPError(400, "the JSON body must be an object")
     try:
@@ -58,9 +69,16 @@ async def _parse(request: Request, model_cls):
         raise HTTPError(400, _validation_message(exc)) from None
 
 
-def create_app(engine: Engine, served_model: str, gate: WeightGate) -> FastAPI:
+async def _parse(request: Request, model_cls):
+    return await asyncio.to_thread(decode_body, await request.body(), model_cls)
+
+
+def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Policy | None = None) -> FastAPI:
+    policy = policy or Policy()
     app = FastAPI(title="prime-rl builtin inference")
+    app.add_middleware(RequestGuard, policy=policy)
     tokenizer = engine.tokenizer
+    vocab_size = len(tokenizer)
 
     @app.exception_handler(HTTPError)
     async def _http_error(_: Request, exc: HTTPError):
@@ -69,6 +87,14 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):
         return _error(400, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _framework_error(_: Request, exc: StarletteHTTPException):  # unknown route (404), method (405)
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception):  # logged with its traceback by the server
+        return _error(500, f"internal server error ({type(exc).__name__})")
 
     def check_model(body: SamplingFields) -> None:
         if body.model is not None and body.model != served_model:
@@ -112,6 +138,21 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate) -> FastAPI:
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id])
 
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def chat_prompt(messages: list[dict]) -> list[int]:
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # a template error is the request's fault
+            raise HTTPError(400, f"cannot apply the chat template: {exc}") from None
+        return encode(text)
+
+    def token_prompt(ids: list[int]) -> list[int]:
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise HTTPError(400, f"prompt token ids must be in [0, {vocab_size})")
+        return list(ids)
+
     @app.get("/health")
     async def health():
         if not engine.alive:
@@ -127,12 +168,7 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate) -> FastAPI:
     async def chat(request: Request):
         body: ChatRequest = await _parse(request, ChatRequest)
         check_model(body)
-        messages = [m.model_dump() for m in body.messages]
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # a template error is the request's fault
-            raise HTTPError(400, f"cannot apply the chat template: {exc}") from None
-        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt_ids = await asyncio.to_thread(chat_prompt, [m.model_dump() for m in body.messages])
         completions, step = await generate(prompt_ids, body)
         choices = [
             {
@@ -155,12 +191,8 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate) -> FastAPI:
     async def complete(request: Request):
         body: CompletionRequest = await _parse(request, CompletionRequest)
         check_model(body)
-        if isinstance(body.prompt, str):
-            prompt_ids = tokenizer(body.prompt, add_special_tokens=False)["input_ids"]
-        else:
-            prompt_ids = list(body.prompt)
-            if any(not 0 <= t < len(tokenizer) for t in prompt_ids):
-                raise HTTPError(400, f"prompt token ids must be in [0, {len(tokenizer)})")
+        prepare = encode if isinstance(body.prompt, str) else token_prompt
+        prompt_ids = await asyncio.to_thread(prepare, body.prompt)
         completions, step = await generate(prompt_ids, body)
         choices = []
         for i, c in enumerate(completions):
@@ -180,10 +212,13 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate) -> FastAPI:
     async def update_weights(request: Request):
         body: UpdateWeightsRequest = await _parse(request, UpdateWeightsRequest)
         try:
-            path, step = check_weight_dir(body.path, body.step)
+            path, step = check_weight_dir(body.path, body.step, policy.weight_roots)
             start = time.monotonic()
+            staged = await asyncio.to_thread(engine.stage_weights, str(path))  # checked before requests are held
             async with gate.update(step):
-                await asyncio.to_thread(engine.load_weights, str(path))
+                await asyncio.to_thread(engine.apply_weights, staged)
+        except WeightPathForbidden as exc:
+            raise HTTPError(403, str(exc)) from None
         except UserError as exc:
             raise HTTPError(400, str(exc)) from None
         except GateTimeout as exc:

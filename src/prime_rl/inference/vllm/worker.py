@@ -12,33 +12,18 @@ without it gets the model's own `load_weights`, which knows the fused/sharded la
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import torch
+from prime_rl.inference.weight_check import iter_tensors
 
 WORKER_EXTENSION = f"{__name__}.WeightDirWorkerExtension"
-
-
-def iter_safetensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of the `*.safetensors` files in `path`, read lazily."""
-    from safetensors.torch import safe_open
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                yield name, handle.get_tensor(name)
 
 
 class WeightDirWorkerExtension:
     """Methods added to vLLM's worker (`self` is the worker)."""
 
     def load_weights_from_dir(self, path: str) -> None:
-        """Replace the served weights by the HF-format checkpoint in `path`."""
-        weights = iter_safetensors(path)
+        """Replace the served weights by the HF-format checkpoint in `path` (the middleware checked it:
+        `weight_check`); only its safetensors are read."""
+        weights = iter_tensors(path)
         if hasattr(self, "reload_weights"):
             self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
             retie_lm_head(self.model_runner.get_model())

@@ -1,0 +1,63 @@
+"""The model's context length, read at load time from its config.json when that is on this machine.
+
+`model.name` is looked up without network access: the embedded model, a local directory, or a
+hub name already in the Hugging Face cache. A model that is not here yet (a hub name never
+downloaded, or a directory a previous step such as the example's `sft` will create) has no
+known context: the checks that need it are skipped, and a missing local directory is
+reported when the run starts. A local model directory whose config.json is missing or
+unreadable is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prime_rl.utils.embedded_models import EMBEDDED_MODELS, looks_like_local_path, resolve_model_path
+from prime_rl.utils.errors import UserError
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions")
+"""Where Hugging Face configs state the longest sequence (top level, or under text_config)."""
+
+
+def local_config_file(name: str) -> Path | None:
+    """The config.json of `model.name` on this machine, or None when the model is not here."""
+    if name in EMBEDDED_MODELS:
+        try:
+            return Path(resolve_model_path(name)) / "config.json"
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return local / "config.json"
+    if looks_like_local_path(name):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid hub id either: loading the model reports it
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def context_length(name: str) -> tuple[int, Path] | None:
+    """(context length, config.json it came from) for `model.name`; None when not known locally."""
+    path = local_config_file(name)
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"model {name!r}: {path} is missing (a model directory needs its config.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]
+        raise ValueError(f"model {name!r}: cannot read {path}: {reason}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"model {name!r}: {path} does not hold a JSON object")
+    for table in (data, data.get("text_config")):
+        for key in CONTEXT_KEYS:
+            value = table.get(key) if isinstance(table, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, path
+    return None

@@ -1,0 +1,141 @@
+"""`guard.RequestGuard`: API key, admin-endpoint Host and Content-Type checks, body cap (both backends)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from prime_rl.inference.guard import RequestGuard, host_allowed
+from prime_rl.inference.policy import Policy
+
+KEY = "s3cret-key"
+
+
+async def echo_app(scope, receive, send):
+    """Answers 200 with the size of the body it received."""
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = json.dumps({"path": scope["path"], "size": size}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def call(policy: Policy, requests: list[dict], base_url: str = "http://127.0.0.1:8000") -> list[httpx.Response]:
+    async def go():
+        transport = httpx.ASGITransport(app=RequestGuard(echo_app, policy))
+        async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
+            return [await client.request(**request) for request in requests]
+
+    return asyncio.run(go())
+
+
+def assert_error(response: httpx.Response, status: int, message: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["code"] == status and error["type"].endswith("Error")
+
+
+def bearer(key: str) -> dict:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_the_api_key_is_needed_everywhere_but_health():
+    policy = Policy(api_key=KEY)
+    missing, wrong, basic, health, unknown, ok, lower = call(policy, [
+        {"method": "POST", "url": "/v1/completions", "json": {}},
+        {"method": "GET", "url": "/v1/models", "headers": bearer("nope")},
+        {"method": "GET", "url": "/v1/models", "headers": {"authorization": f"Basic {KEY}"}},
+        {"method": "GET", "url": "/health"},
+        {"method": "GET", "url": "/no/such/route"},
+        {"method": "POST", "url": "/update_weights", "json": {}, "headers": bearer(KEY)},
+        {"method": "GET", "url": "/v1/models", "headers": {"authorization": f"bearer {KEY}"}},
+    ])
+    for response in (missing, wrong, basic, unknown):
+        assert_error(response, 401, "missing or wrong API key")
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert KEY not in response.text
+    assert health.status_code == 200 and ok.status_code == 200 and lower.status_code == 200
+    assert call(Policy(), [{"method": "GET", "url": "/v1/models"}])[0].status_code == 200  # no key: open
+
+
+def test_admin_endpoints_need_json_and_this_servers_host():
+    policy = Policy()
+    for path in ("/update_weights", "/reset"):
+        plain, none, rebound, good, charset = call(policy, [
+            {"method": "POST", "url": path, "content": b"{}", "headers": {"content-type": "text/plain"}},
+            {"method": "POST", "url": path, "content": b"{}"},
+            {"method": "POST", "url": path, "json": {}, "headers": {"host": "evil.example:8000"}},
+            {"method": "POST", "url": path, "json": {}},
+            {"method": "POST", "url": path, "content": b"{}", "headers": {"content-type": "application/json; charset=utf-8"}},
+        ])
+        assert_error(plain, 415, "Content-Type: application/json")
+        assert_error(none, 415, "Content-Type: application/json")
+        assert_error(rebound, 403, "evil.example")
+        assert good.status_code == 200 and charset.status_code == 200
+    # Other routes take any content type (only admin endpoints change state).
+    assert call(policy, [{"method": "POST", "url": "/v1/completions", "content": b"{}"}])[0].status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("bound", "allowed", "host", "ok"),
+    [
+        ("127.0.0.1", (), "127.0.0.1:8000", True),
+        ("127.0.0.1", (), "localhost:8000", True),
+        ("127.0.0.1", (), "LOCALHOST", True),
+        ("127.0.0.1", (), "[::1]:8000", True),
+        ("127.0.0.1", (), "127.0.0.2", True),  # any loopback address
+        ("127.0.0.1", (), "evil.example", False),
+        ("127.0.0.1", (), "localhost.evil.example", False),
+        ("127.0.0.1", (), "10.0.0.5:8000", False),
+        ("127.0.0.1", (), "", False),
+        ("127.0.0.1", (), None, False),
+        ("10.0.0.5", (), "10.0.0.5:8000", True),
+        ("10.0.0.5", (), "10.0.0.6:8000", False),
+        ("0.0.0.0", (), "10.0.0.6:8000", True),  # bound everywhere: any address, never a name
+        ("0.0.0.0", (), "[fe80::1]:8000", True),
+        ("0.0.0.0", (), "gpu-node-3:8000", False),
+        ("0.0.0.0", ("gpu-node-3",), "GPU-node-3:8000", True),
+    ],
+)
+def test_host_names_admin_endpoints_accept(bound, allowed, host, ok):
+    assert host_allowed(host, Policy(host=bound, allowed_hosts=allowed)) is ok
+
+
+def test_bodies_beyond_the_cap_are_413_from_the_header_or_while_read():
+    policy = Policy(max_request_bytes=100)
+    declared, exact, bad_length = call(policy, [
+        {"method": "POST", "url": "/v1/completions", "content": b"x" * 101},
+        {"method": "POST", "url": "/v1/completions", "content": b"x" * 100},
+        {"method": "POST", "url": "/v1/completions", "content": b"x", "headers": {"content-length": "1x"}},
+    ])
+    assert_error(declared, 413, "exceeds the limit of 100 bytes")
+    assert exact.status_code == 200 and exact.json()["size"] == 100
+    assert_error(bad_length, 400, "Content-Length")
+
+    async def streamed(chunks: list[bytes]):
+        """A body sent in chunks without Content-Length (chunked transfer)."""
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        sent = []
+
+        async def receive():
+            return messages.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+        await RequestGuard(echo_app, policy)(scope, receive, send)
+        return sent[0]["status"], json.loads(sent[1]["body"]), messages
+
+    status, body, unread = asyncio.run(streamed([b"x" * 60, b"x" * 60, b"x" * 60]))
+    assert status == 413 and "exceeds the limit" in body["error"]["message"]
+    assert len(unread) == 1  # stopped reading at the chunk that crossed the cap
+    status, body, _ = asyncio.run(streamed([b"x" * 50, b"x" * 50]))
+    assert status == 200 and body["size"] == 100
