@@ -29,27 +29,32 @@ from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
 from prime_rl.monitor.monitor import METRICS_FILE
 from prime_rl.monitor.sinks import drop_steps_from
-from prime_rl.run_dir import remove_temporaries, resolve_resume_step
+from prime_rl.run_dir import ORCHESTRATOR, TRAINER, remove_temporaries, resolve_resume_step
 from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import ConfigError, PrimeError
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 
 POLL_S = 0.25
+RUN_PARTS = (TRAINER, ORCHESTRATOR)  # what a checkpoint step of an rl run must hold to resume from
 
 
 class ComponentFailed(PrimeError):
     """A child process died; the message names it and shows its last log lines."""
 
 
-def free_port(host: str) -> int:
-    """A free port on `host`; a host that does not resolve or is no local address is a one-line ConfigError."""
+def server_port(host: str, port: int) -> int:
+    """Bind `host`:`port` once (0: any free port) and return the port: a host that is no local
+    address, or a port in use, is a one-line ConfigError before anything is started or deleted."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+            sock.bind((host, port))
             return sock.getsockname()[1]
     except OSError as exc:  # socket.gaierror included
-        raise ConfigError(f"inference.host {host!r}: cannot bind a port there ({exc.strerror or exc})") from None
+        where = f"inference.host {host!r}" if port == 0 else f"inference.port {port} on {host!r}"
+        raise ConfigError(f"{where}: cannot listen there ({exc.strerror or exc})") from None
 
 
 def prepare_output_dir(config: RLConfig) -> list[Path]:
@@ -68,7 +73,7 @@ def resume_from(config: RLConfig) -> int | None:
     wanted = config.ckpt.resume_step
     if wanted is None:
         return None
-    wanted = resolve_resume_step(config.output_dir, wanted)
+    wanted = resolve_resume_step(config.output_dir, wanted, RUN_PARTS)
     for component in (config, config.trainer, config.orchestrator):
         object.__setattr__(component.ckpt, "resume_step", wanted)
     remove_temporaries(config.output_dir)
@@ -230,16 +235,15 @@ def launch(config: RLConfig) -> None:
     key_env = run_api_key(config)
     # Every check first (the config's own ran at load time); only then change the run directory.
     doomed = prepare_output_dir(config)
-    resolve_resume_step(config.output_dir, config.ckpt.resume_step)
+    resolve_resume_step(config.output_dir, config.ckpt.resume_step, RUN_PARTS)
     inference_devices, trainer_devices = assign_devices(config)
-    port = free_port(config.inference.host)
+    port = server_port(config.inference.host, config.inference.port if "port" in config.inference.model_fields_set else 0)
     output_dir.check_writable(config.output_dir)
     output_dir.delete(doomed)
     resumed = resume_from(config)
     output_dir.mark(config.output_dir, config.command)
 
-    if "port" not in config.inference.model_fields_set:
-        config.inference.port = port
+    config.inference.port = port
     config.orchestrator.client.base_url = f"http://{config.inference.host}:{config.inference.port}/v1"
     config.orchestrator.trainer_world_size = config.trainer.num_processes
     config.inference.weight_dirs = [*config.inference.weight_dirs, (config.output_dir / "weights").absolute()]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
@@ -56,20 +57,26 @@ def parts_in_run(output_dir: Path) -> set[str]:
             if has_checkpoint(output_dir, step, part)}
 
 
-def complete_steps(output_dir: Path) -> list[int]:
-    """Sorted steps that hold every part of the run (see the module docstring)."""
-    parts = parts_in_run(output_dir)
+def complete_steps(output_dir: Path, parts: Collection[str] | None = None) -> list[int]:
+    """Sorted steps that hold every part in `parts` (default: every part of the run, see the module docstring)."""
+    parts = parts_in_run(output_dir) if parts is None else set(parts)
     if not parts:
         return []
     return [s for s in list_steps(checkpoints_root(output_dir))
             if all(has_checkpoint(output_dir, s, part) for part in parts)]
 
 
-def resolve_resume_step(output_dir: Path, wanted: int | Literal["latest"] | None) -> int | None:
-    """The complete checkpoint step to resume from (None: start fresh); a one-line error otherwise."""
+def resolve_resume_step(output_dir: Path, wanted: int | Literal["latest"] | None,
+                        parts: Collection[str] | None = None) -> int | None:
+    """The complete checkpoint step to resume from (None: start fresh); a one-line error otherwise.
+
+    `parts`: the parts a complete step needs when the caller knows them (`rl`: trainer and
+    orchestrator, so an orchestrator-only step of a run whose trainer never checkpointed,
+    e.g. after its first save hit a full disk, is not complete); default: the parts found.
+    """
     if wanted is None:
         return None
-    complete = complete_steps(output_dir)
+    complete = complete_steps(output_dir, parts)
     root = checkpoints_root(output_dir)
     if wanted == "latest":
         if not complete:

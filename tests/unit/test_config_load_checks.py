@@ -250,3 +250,10 @@ def test_checks_rerun_on_assignment():
     config = build(RLConfig)
     with pytest.raises(ValueError, match="leaves no room for a prompt"):
         config.orchestrator.sampling = {"max_tokens": 600}
+
+
+@pytest.mark.parametrize("seed", [str(2**63), str(-(2**63) - 1), "99999999999999999999999"])
+def test_a_seed_beyond_64_bits_is_a_load_error(seed):
+    """Regression (audit of issue 12): it passed --dry-run and crashed the inference server's generator."""
+    with pytest.raises(ConfigError, match="seed"):
+        build_config(RLConfig, ["--seed", seed])

@@ -89,3 +89,25 @@ def test_an_entrypoint_lets_other_errors_through(tmp_path):
 
     with pytest.raises(ValueError, match="a bug"):
         run_main(RunConfig, body, ["--output-dir", str(tmp_path)])
+
+
+def test_a_dcp_checkpoint_exception_is_unwrapped_to_the_rank_failure(tmp_path):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    enospc = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "__0_0.distcp"))
+    exc = CheckpointException("save failed", {0: (enospc, None)})
+    assert not isinstance(exc, Exception)  # why run_main catches BaseException
+    assert str(as_disk_error(exc, tmp_path)).startswith(f"no space left on device: cannot write {tmp_path}")
+
+
+def test_an_entrypoint_reports_a_dcp_exception_on_a_full_disk_in_one_line(tmp_path, capsys):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def body(_config):
+        enospc = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "__0_0.distcp"))
+        raise CheckpointException("save failed", {0: (enospc, None)})
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(RunConfig, body, ["--output-dir", str(tmp_path)])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.startswith("error: no space left on device: cannot write ")

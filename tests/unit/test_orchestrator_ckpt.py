@@ -66,3 +66,25 @@ def test_a_verified_state_with_a_bad_rng_state_is_a_one_line_error(tmp_path):
     write_manifest(directory)
     with pytest.raises(UserError, match=r"^cannot read orchestrator checkpoint .*state\.json: "):
         load_state(tmp_path, 3)
+
+
+@pytest.mark.parametrize("change", [{"env_cursors": {"reverse-text": -(10**30)}}, {"step": "3"}, {"step": True},
+                                    {"env_cursors": {"reverse-text": 1.5}}])
+def test_a_state_with_impossible_values_is_one_line_even_with_a_matching_manifest(tmp_path, change):
+    """Regression (audit of issue 12): an edited state.json re-manifested crashed the orchestrator later."""
+    save_state(tmp_path, OrchestratorState(step=3, env_cursors={"reverse-text": 12}))
+    directory = checkpoint_dir(tmp_path, 3, ORCHESTRATOR)
+    data = {**json.loads((directory / "state.json").read_text()), **change}
+    (directory / "state.json").write_text(json.dumps(data))
+    (directory / MANIFEST).unlink()
+    write_manifest(directory)
+    with pytest.raises(UserError, match="is not a step count"):
+        load_state(tmp_path, 3)
+
+
+def test_a_deeply_nested_manifest_is_one_line(tmp_path):
+    save_state(tmp_path, OrchestratorState(step=1))
+    directory = checkpoint_dir(tmp_path, 1, ORCHESTRATOR)
+    (directory / MANIFEST).write_text('{"format": 1, "files": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(CorruptCheckpoint, match="unreadable"):
+        verify_manifest(directory)

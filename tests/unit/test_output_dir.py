@@ -163,3 +163,18 @@ def test_launch_marks_a_new_dir_and_an_old_unmarked_run_it_resumes(tmp_path, no_
     with pytest.raises(SystemExit):
         launch(rl_config(old, "--ckpt.resume-step", "latest"))
     assert (old / MARKER).is_file() and (old / "checkpoints" / "step_2" / "trainer").is_dir()
+
+
+def test_overwrite_with_the_configured_port_in_use_deletes_nothing(tmp_path, no_children):
+    """Regression (audit of issue 12): the busy port was found by the server after the old run was deleted."""
+    import socket
+
+    previous_run(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^inference.port {port} on '127.0.0.1': cannot listen there"):
+            launch(rl_config(tmp_path, "--overwrite", "--inference.port", str(port)))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

@@ -84,3 +84,14 @@ def test_remove_temporaries_of_interrupted_writes(tmp_path):
     assert len(removed) == 5
     assert not any(p.exists() for p in leftovers) and not (tmp_path / ".metrics.png.k9.tmp").exists()
     assert all(p.exists() for p in kept)
+
+
+def test_rl_needs_both_parts_even_when_the_trainer_never_checkpointed(tmp_path):
+    """Regression (audit of issue 12): the trainer's first save hit a full disk; the orchestrator's steps
+    alone looked complete and 'latest' resumed from a step without trainer state."""
+    make(tmp_path, 2, "orchestrator")
+    make(tmp_path, 4, "orchestrator")
+    assert complete_steps(tmp_path) == [2, 4]  # a run of orchestrator parts alone
+    assert complete_steps(tmp_path, ("trainer", "orchestrator")) == []
+    with pytest.raises(UserError, match="holds no complete checkpoint"):
+        resolve_resume_step(tmp_path, "latest", ("trainer", "orchestrator"))

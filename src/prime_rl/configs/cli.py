@@ -237,7 +237,9 @@ def run_main(config_cls: type[C], body: Callable[[C], Any], argv: Sequence[str] 
         fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         fail("interrupted", 130)
-    except Exception as exc:
+    except BaseException as exc:  # DCP's CheckpointException derives from BaseException
+        if isinstance(exc, SystemExit | GeneratorExit):
+            raise
         disk = as_disk_error(exc, getattr(config, "output_dir", None))
         if disk is None:
             raise

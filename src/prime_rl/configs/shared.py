@@ -75,7 +75,7 @@ class RunConfig(EntrypointConfig):
     seq_len: PositiveInt = 2048
     """Longest packed training row in tokens (prompt + completion of one or more samples)."""
 
-    seed: int = 0
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] = 0
     """Seed for sampling prompts, initialisation and generation."""
 
     wandb: WandbConfig = Field(default_factory=WandbConfig)

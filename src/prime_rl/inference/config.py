@@ -59,7 +59,7 @@ class InferenceConfig(EntrypointConfig):
     """The model served."""
     seq_len: Annotated[int, Field(gt=0)] = 2048
     """Longest prompt + completion the server accepts, in tokens."""
-    seed: int = 0
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] = 0
     """Seed for sampling."""
     backend: Literal["builtin", "vllm", "auto"] = "auto"
     """builtin (torch), vllm, or auto (vllm when importable and a GPU is present)."""

@@ -35,8 +35,13 @@ class OrchestratorState:
 
     @classmethod
     def from_json(cls, text: str) -> OrchestratorState:
+        """Parse and check the state: a step and cursors that are non-negative integers (ValueError otherwise)."""
         data = json.loads(text)
-        return cls(step=int(data["step"]), env_cursors=dict(data["env_cursors"]), rng_state=data["rng_state"])
+        state = cls(step=data["step"], env_cursors=dict(data["env_cursors"]), rng_state=data["rng_state"])
+        for name, value in {"step": state.step, **state.env_cursors}.items():
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+                raise ValueError(f"{name} = {value!r} is not a step count")
+        return state
 
 
 def rng_to_json(rng: random.Random) -> list:

@@ -75,10 +75,22 @@ def disk_state(path: Path) -> int | None:
     return None
 
 
+def _linked(exc: BaseException) -> list[BaseException]:
+    """The exceptions `exc` wraps: its cause and context, and the per-rank failures of a DCP
+    `CheckpointException` (`failures`: rank -> exception or (exception, traceback))."""
+    linked = [exc.__cause__, exc.__context__]
+    for failure in (getattr(exc, "failures", None) or {}).values():
+        linked.append(failure[0] if isinstance(failure, tuple) else failure)
+    return [e for e in linked if isinstance(e, BaseException)]
+
+
 def _stated_errno(exc: BaseException) -> tuple[int, str | None] | None:
-    """(errno, file name) when `exc` or an exception it chains to says the disk is full or read-only."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
+    """(errno, file name) when `exc` or an exception it wraps says the disk is full or read-only."""
+    pending, seen = [exc], set()
+    while pending:
+        exc = pending.pop(0)
+        if id(exc) in seen:
+            continue
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
             return exc.errno, exc.filename
@@ -86,7 +98,7 @@ def _stated_errno(exc: BaseException) -> tuple[int, str | None] | None:
         for needle, code in DISK_TEXTS.items():
             if needle in text:
                 return code, None
-        exc = exc.__cause__ or exc.__context__
+        pending += _linked(exc)
     return None
 
 
