@@ -139,3 +139,38 @@ def test_bodies_beyond_the_cap_are_413_from_the_header_or_while_read():
     assert len(unread) == 1  # stopped reading at the chunk that crossed the cap
     status, body, _ = asyncio.run(streamed([b"x" * 50, b"x" * 50]))
     assert status == 200 and body["size"] == 100
+
+
+@pytest.mark.parametrize(("key", "why"), [
+    ("", "the API key is empty"),
+    ("clé-secrète", "must be printable ASCII"),
+    ("tab\tinside", "must be printable ASCII"),
+    (" padded", "must not begin or end with a space"),
+    ("padded ", "must not begin or end with a space"),
+])
+def test_an_api_key_no_client_could_send_is_a_load_error(monkeypatch, capsys, key, why):
+    """The header is read as latin-1 and compared as bytes: such a key would lock every client out (or, empty,
+    silently turn authentication off)."""
+    from prime_rl.configs.cli import parse_config
+    from prime_rl.inference.config import InferenceConfig
+    from prime_rl.orchestrator.config import OrchestratorConfig
+
+    for config_cls, env, field in ((InferenceConfig, "PRIME_API_KEY", "api_key"),
+                                   (OrchestratorConfig, "PRIME_CLIENT__API_KEY", "client.api_key")):
+        monkeypatch.setenv(env, key)
+        with pytest.raises(SystemExit) as exit_info:
+            parse_config(config_cls, ["--dry-run"])
+        monkeypatch.delenv(env)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"invalid value for '{field}': " in err and why in err, err
+        assert not key.strip() or key.strip() not in err  # the key itself is never printed
+
+
+def test_a_printable_ascii_api_key_loads():
+    from prime_rl.inference.config import InferenceConfig
+    from prime_rl.orchestrator.config import ClientConfig
+
+    key = "sk-" + "".join(chr(c) for c in range(0x21, 0x7F)) + " inner space"
+    assert InferenceConfig(api_key=key).api_key.get_secret_value() == key
+    assert ClientConfig(api_key=key).api_key.get_secret_value() == key

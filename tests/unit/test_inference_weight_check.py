@@ -79,3 +79,29 @@ def test_unreadable_files_are_one_line_errors(tiny_model_dir, tmp_path, referenc
     (path / "config.json").write_text("[1, 2]")
     with pytest.raises(UserError, match="is not a JSON object"):
         verify_weight_dir(path, reference, keep=True)
+
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_fifo_is_refused_not_opened(tiny_model_dir, tmp_path, reference, name):
+    """A FIFO would block safe_open (and, as it holds the GIL, the whole server) forever: refused after a stat.
+    A writer process opens it after a while, so a regression fails here instead of hanging the test run."""
+    import os
+    import subprocess
+    import time
+
+    path = tmp_path / "step_1"
+    shutil.copytree(tiny_model_dir, path)
+    target = path / name if name == "config.json" else next(path.glob("*.safetensors"))
+    target.unlink()
+    os.mkfifo(target)
+    unblock = subprocess.Popen(["sh", "-c", 'sleep 5; : > "$0"', str(target)])
+    try:
+        start = time.monotonic()
+        with pytest.raises(UserError) as caught:
+            verify_weight_dir(path, reference, keep=False)
+        assert time.monotonic() - start < 4, "verify_weight_dir blocked on a FIFO"
+        assert str(caught.value) == f"weight file {target} is not a regular file"
+    finally:
+        unblock.kill()
+        unblock.wait()

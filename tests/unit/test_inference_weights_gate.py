@@ -122,3 +122,59 @@ def test_failed_update_keeps_the_step_and_timeouts_are_errors():
             assert step == 4
 
     asyncio.run(scenario())
+
+
+def _in_thread(function, *args, timeout_s: float = 10.0):
+    """Run `function(*args)` in a daemon thread; its exception, or a failure if it hangs (a FIFO blocks open())."""
+    import threading
+
+    outcome: list = []
+
+    def target():
+        try:
+            outcome.append(function(*args))
+        except BaseException as exc:  # noqa: BLE001 (handed back to the test)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert outcome, f"{function.__name__} hung for {timeout_s} s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_fifo_in_a_weight_dir_is_refused_without_opening_it(tmp_path, name):
+    import os
+
+    path = _weights(tmp_path / "step_1")
+    (path / name).unlink()
+    os.mkfifo(path / name)
+    error = _in_thread(check_weight_dir, path, None, (tmp_path,))
+    assert isinstance(error, UserError) and not isinstance(error, WeightPathForbidden), error
+    assert str(error) == f"weight file {path / name} is not a regular file"
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "extra.safetensors"])
+def test_a_file_linking_outside_the_roots_is_forbidden(tmp_path, name):
+    root = tmp_path / "weights"
+    path = _weights(root / "step_1")
+    secret = tmp_path / "elsewhere" / name
+    secret.parent.mkdir()
+    secret.write_text("x")
+    (path / name).unlink(missing_ok=True)
+    (path / name).symlink_to(secret)
+    with pytest.raises(WeightPathForbidden, match=f"weight path {path / name} is outside the allowed"):
+        check_weight_dir(path, None, (root,))
+    (path / name).unlink()
+    (path / name).symlink_to(tmp_path / "elsewhere" / "missing")  # refused before it is looked at
+    with pytest.raises(WeightPathForbidden):
+        check_weight_dir(path, None, (root,))
+
+
+def test_a_file_linking_inside_the_roots_is_fine(tmp_path):
+    root = tmp_path / "weights"
+    path = _weights(root / "step_2")
+    (path / "model.safetensors").unlink()
+    (path / "model.safetensors").symlink_to(_weights(root / "step_1") / "model.safetensors")
+    assert check_weight_dir(path, None, (root,)) == (path, 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import AfterValidator, Field, SecretStr
 
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.shared import ModelConfig
@@ -16,6 +16,25 @@ from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
 # client always closes first: with equal timeouts a request sent on a connection the server is just closing
 # fails with a connection reset (seen as httpx.ReadError at 256 concurrent requests).
 KEEP_ALIVE_S = 120
+
+
+def check_api_key(key: SecretStr) -> SecretStr:
+    """A key that a client can send and the server can match: non-empty printable ASCII, no space at either end.
+
+    (The server reads the Authorization header as latin-1 and compares bytes, so any other key
+    could never match; an empty one would silently mean no authentication.)"""
+    value = key.get_secret_value()
+    if not value:
+        raise ValueError("the API key is empty (unset it for no authentication)")
+    if not all(" " <= char <= "~" for char in value):
+        raise ValueError("the API key must be printable ASCII (letters, digits, punctuation)")
+    if value != value.strip():
+        raise ValueError("the API key must not begin or end with a space")
+    return key
+
+
+ApiKey = Annotated[SecretStr, AfterValidator(check_api_key)]
+"""A bearer token (see `check_api_key`); never printed."""
 
 
 class BuiltinConfig(BaseConfig):
@@ -69,7 +88,7 @@ class InferenceConfig(EntrypointConfig):
     """Port to bind (0: any free port)."""
     update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Longest a weight update waits for in-flight requests to finish (and requests wait for an update)."""
-    api_key: SecretStr | None = Field(default=None, exclude=True)
+    api_key: ApiKey | None = Field(default=None, exclude=True)
     """Bearer token every endpoint but /health requires (Authorization: Bearer <key>); set it as PRIME_API_KEY. Never printed or written to configs/; rl makes a random one per run when unset."""
     weight_dirs: list[Path] = Field(default_factory=list)
     """Directories /update_weights may load from (a directory in or below one, after resolving symlinks); the served model's own directory always is. rl adds <output_dir>/weights."""

@@ -10,7 +10,8 @@ with: no code, no new architecture. It is refused (UserError, HTTP 400) unless
   a trainer writes (float32, bfloat16, float16; it is cast on load). Names that share one
   tensor (tied embeddings: `lm_head.weight` is `model.embed_tokens.weight`) form a group
   of which at least one must be present, as `save_pretrained` writes only one;
-- every floating value is finite (a NaN would make every later request fail).
+- every floating value is finite (a NaN would make every later request fail);
+- every file read is a regular file (`weights.regular_file`: a FIFO would block the reader).
 
 The reference is the served model itself (builtin: its state dict and config) or the
 directory it was loaded from (vLLM, whose parameters are fused and renamed internally).
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from prime_rl.inference.weights import regular_file
 from prime_rl.utils.errors import UserError
 
 ARCH_KEYS = ("model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -81,7 +83,7 @@ class Reference:
 
 def read_config(path: str | Path) -> dict:
     try:
-        config = json.loads((Path(path) / "config.json").read_text())
+        config = json.loads(regular_file(Path(path) / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {Path(path) / 'config.json'}: {exc}") from None
     if not isinstance(config, dict):
@@ -90,7 +92,8 @@ def read_config(path: str | Path) -> dict:
 
 
 def safetensors_files(path: str | Path) -> list[Path]:
-    files = sorted(Path(path).glob("*.safetensors"))
+    """The directory's `*.safetensors`, each a regular file (a FIFO would block `safe_open` forever)."""
+    files = [regular_file(file) for file in sorted(Path(path).glob("*.safetensors"))]
     if not files:
         raise UserError(f"no *.safetensors files in {path}")
     return files

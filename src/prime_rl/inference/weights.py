@@ -3,13 +3,17 @@
 A directory is accepted only under an allowed root (`Policy.weight_roots`: the config's
 `weight_dirs` and the served model's own directory), judged after resolving symlinks and
 `..`, so a link or a relative path cannot lead outside. The root check comes before any
-look at the path, so a refused path reveals nothing about what exists there.
+look at the path, so a refused path reveals nothing about what exists there. The same
+holds for every file read from it (`config.json`, `*.safetensors`): a file that is a link
+leading outside the roots is refused too, and so is anything that is not a regular file
+(a FIFO or a device would block the reader forever).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,11 +41,33 @@ def resolve_allowed(path: str | Path, roots: Sequence[Path]) -> Path:
     return real
 
 
+def regular_file(path: Path) -> Path:
+    """`path` itself if it is (or links to) a regular file; else UserError. Never opens it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise UserError(f"cannot read weight file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"weight file {path} is not a regular file")
+    return path
+
+
+def weight_files(directory: Path, roots: Sequence[Path] | None = None) -> list[Path]:
+    """`config.json` and the `*.safetensors` files of `directory`, each a regular file (and, with
+    `roots`, resolving under one of them: else WeightPathForbidden), checked before anything opens them."""
+    files = [directory / "config.json", *sorted(directory.glob("*.safetensors"))]
+    for file in files:
+        if roots is not None:
+            resolve_allowed(file, roots)
+        regular_file(file)
+    return files
+
+
 def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) -> tuple[Path, int]:
     """Validate a weight directory; return its resolved path and its weight step.
 
     The directory must resolve under one of `roots` (else `WeightPathForbidden`), exist
-    and hold `config.json` and `*.safetensors`. The step is `step` when given, else parsed
+    and hold `config.json` and `*.safetensors`, all regular files resolving under `roots` too. The step is `step` when given, else parsed
     from the resolved directory's name `step_N`. Other problems raise `UserError`.
     """
     real = resolve_allowed(path, roots)
@@ -50,8 +76,9 @@ def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) 
             raise UserError(f"weight path {path} does not exist")
         if not real.is_dir():
             raise UserError(f"weight path {path} is not a directory")
-        if not (real / "config.json").is_file() or not any(real.glob("*.safetensors")):
+        if not os.path.lexists(real / "config.json") or not any(real.glob("*.safetensors")):
             raise UserError(f"weight path {path} is not a weight directory (needs config.json and *.safetensors)")
+        weight_files(real, roots)
     except OSError as exc:
         raise UserError(f"cannot read weight path {path}: {exc.strerror}") from None
     if step is None:

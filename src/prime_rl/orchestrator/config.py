@@ -6,11 +6,12 @@ import importlib.util
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import import_loss_function
 from prime_rl.configs.shared import CkptConfig, RunConfig
+from prime_rl.inference.config import ApiKey
 from prime_rl.orchestrator.envs import ENVIRONMENTS, load_env
 from prime_rl.utils.errors import UserError
 
@@ -28,7 +29,7 @@ class ClientConfig(BaseConfig):
     """How long to keep retrying an unreachable server before the run fails."""
     max_concurrency: Annotated[int, Field(gt=0)] = 64
     """Most requests in flight at once (each asks for rollouts_per_example completions)."""
-    api_key: SecretStr | None = Field(default=None, exclude=True)
+    api_key: ApiKey | None = Field(default=None, exclude=True)
     """The inference server's API key, sent as Authorization: Bearer <key>; set it as PRIME_CLIENT__API_KEY (rl hands it down). Never printed or written to configs/."""
 
 
