@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -56,3 +59,27 @@ def stop_server(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def make_weight_root(tmp_path_factory) -> Path:
+    """A run's empty `weights/` directory: the one root a test server loads weight updates from."""
+    root = tmp_path_factory.mktemp("run") / "weights"
+    root.mkdir()
+    return root
+
+
+def weight_dirs_args(root: Path) -> tuple[str, str]:
+    """The server arguments that allow weight updates from `root` (and below)."""
+    return "--weight-dirs", json.dumps([str(root)])
+
+
+@contextmanager
+def builtin_server(model_dir, tmp_path_factory, weight_root: Path, *extra: str,
+                   env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
+    """A builtin server on a free port that loads updates from `weight_root`; yields (url, log path), stops it after."""
+    log = tmp_path_factory.mktemp("server") / "inference.log"
+    proc, url = start_server(model_dir, log, "builtin", 0, 120, *weight_dirs_args(weight_root), *extra, env=env)
+    try:
+        yield url, log
+    finally:
+        stop_server(proc)

@@ -263,7 +263,7 @@ def launch(config: RLConfig) -> None:
     }
     signal.signal(signal.SIGTERM, _interrupt)
 
-    tail = MetricsTail(config.output_dir / "metrics.jsonl")
+    tail = MetricsTail(config.output_dir / METRICS_FILE)
     view = None
     interrupted = False
     try:

@@ -22,8 +22,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from inference_server import (  # tests/ is on sys.path (rootdir conftest)
     VLLM_CPU_ARGS,
     VLLM_SKIP_REASON,
+    builtin_server,
+    make_weight_root,
     start_server,
     stop_server,
+    weight_dirs_args,
 )
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
 from prime_rl.trainer.model import compute_logprobs
@@ -168,17 +171,13 @@ def test_threads_option_sets_torchs_cpu_threads(tiny_model_dir):
 @pytest.fixture(scope="module")
 def weight_root(tmp_path_factory):
     """The one directory (a run's weights/) the test servers load weight updates from."""
-    root = tmp_path_factory.mktemp("run") / "weights"
-    root.mkdir()
-    return root
+    return make_weight_root(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory, weight_root):
-    proc, url = start_server(tiny_model_dir, tmp_path_factory.mktemp("server") / "inference.log", "builtin", 0, 120,
-                             "--weight-dirs", json.dumps([str(weight_root)]))
-    yield url
-    stop_server(proc)
+    with builtin_server(tiny_model_dir, tmp_path_factory, weight_root) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +335,7 @@ def vllm_model_dir(tmp_path_factory):
 def vllm_server(vllm_model_dir, tmp_path_factory, weight_root):
     log_path = tmp_path_factory.mktemp("vllm") / "inference.log"
     proc, url = start_server(vllm_model_dir, log_path, "vllm", free_port(), 600, *VLLM_CPU_ARGS,
-                             "--weight-dirs", json.dumps([str(weight_root)]))
+                             *weight_dirs_args(weight_root))
     yield url
     stop_server(proc)
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inference_probe import probe_server, request_probes, weight_probes  # tests/ is on sys.path
-from inference_server import start_server, stop_server
+from inference_server import builtin_server, make_weight_root
 from weight_dirs import mismatched_dirs
 
 KEY = "probe-key-5f2d"
@@ -24,18 +24,14 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    path = tmp_path_factory.mktemp("run") / "weights"
-    path.mkdir()
-    return path
+    return make_weight_root(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory, root):
-    log = tmp_path_factory.mktemp("server") / "inference.log"
-    proc, url = start_server(tiny_model_dir, log, "builtin", 0, 120, "--weight-dirs", json.dumps([str(root)]),
-                             "--model.trust-remote-code", env={"PRIME_API_KEY": KEY})
-    yield url
-    stop_server(proc)
+    with builtin_server(tiny_model_dir, tmp_path_factory, root, "--model.trust-remote-code",
+                        env={"PRIME_API_KEY": KEY}) as (url, log):
+        yield url
     assert KEY not in log.read_text()  # the key is never logged
 
 

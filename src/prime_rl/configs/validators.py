@@ -13,6 +13,7 @@ The checks read only local state and change nothing, so `--dry-run` runs them to
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator
+
+from prime_rl.utils.disk import disk_state, nearest_existing
 
 PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"))
 """Kernel file systems: writable-looking for root, but no run directory can live there."""
@@ -42,12 +45,6 @@ def check_host(host: str) -> str:
     return host
 
 
-def _nearest_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def check_output_dir(path: Path) -> Path:
     """`path` can be (or already is) a directory this user can write into; see the module docstring."""
     absolute = Path(os.path.abspath(path))
@@ -55,21 +52,15 @@ def check_output_dir(path: Path) -> Path:
     for pseudo in PSEUDO_FILE_SYSTEMS:
         if resolved == pseudo or pseudo in resolved.parents:
             raise ValueError(f"{path} is on the kernel file system {pseudo}, not a place for run outputs")
-    existing = _nearest_existing(absolute)
+    existing = nearest_existing(absolute)
     if not existing.is_dir():
         what = "is a file" if existing == absolute else f"cannot be created: {existing} is a file"
         raise ValueError(f"output dir {path} {what}, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot write {path}: {_why_not_writable(existing)}")
+        read_only = disk_state(existing) == errno.EROFS
+        why = f"read-only file system ({existing})" if read_only else f"no write permission on {existing}"
+        raise ValueError(f"cannot write {path}: {why}")
     return path
-
-
-def _why_not_writable(existing: Path) -> str:
-    try:
-        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    return f"read-only file system ({existing})" if read_only else f"no write permission on {existing}"
 
 
 Host = Annotated[str, AfterValidator(check_host)]

@@ -46,6 +46,11 @@ async def send_json(send, status: int, payload: dict, headers: tuple[tuple[bytes
     await send({"type": "http.response.body", "body": body})
 
 
+async def send_error(send, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer with `error_payload(status, message)` (the raw-ASGI twin of the builtin app's JSONResponse)."""
+    await send_json(send, status, error_payload(status, message), headers)
+
+
 def _header(scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
@@ -93,8 +98,9 @@ def refusal(scope, policy: Policy) -> tuple[int, str] | None:
     if path not in OPEN_PATHS and not authorized(scope, policy.api_key):
         return 401, "missing or wrong API key: send 'Authorization: Bearer <key>'"
     if method == "POST" and path in ADMIN_PATHS:
-        if not host_allowed(_header(scope, b"host"), policy):
-            return 403, f"{path} refuses the Host header {(_header(scope, b'host') or '')[:100]!r} (not this server)"
+        host = _header(scope, b"host")
+        if not host_allowed(host, policy):
+            return 403, f"{path} refuses the Host header {(host or '')[:100]!r} (not this server)"
         if not is_json(_header(scope, b"content-type")):
             return 415, f"{path} needs 'Content-Type: application/json'"
     length = _header(scope, b"content-length")
@@ -146,12 +152,12 @@ class RequestGuard:
         if refused is not None:
             status, message = refused
             extra = ((b"www-authenticate", b"Bearer"),) if status == 401 else ()
-            return await send_json(send, status, error_payload(status, message), extra)
+            return await send_error(send, status, message, extra)
         if scope["method"] in ("POST", "PUT", "PATCH"):
             try:
                 body = await read_body(receive, self.policy.max_request_bytes)
             except BodyTooLarge:
                 message = f"request body exceeds the limit of {self.policy.max_request_bytes} bytes"
-                return await send_json(send, 413, error_payload(413, message))
+                return await send_error(send, 413, message)
             receive = replay(body, receive)
         return await self.app(scope, receive, send)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from prime_rl.inference.weights import regular_file
+from prime_rl.inference.weights import regular_file, safetensors_files
 from prime_rl.utils.errors import UserError
 
 ARCH_KEYS = ("model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -89,14 +89,6 @@ def read_config(path: str | Path) -> dict:
     if not isinstance(config, dict):
         raise UserError(f"{Path(path) / 'config.json'} is not a JSON object")
     return config
-
-
-def safetensors_files(path: str | Path) -> list[Path]:
-    """The directory's `*.safetensors`, each a regular file (a FIFO would block `safe_open` forever)."""
-    files = [regular_file(file) for file in sorted(Path(path).glob("*.safetensors"))]
-    if not files:
-        raise UserError(f"no *.safetensors files in {path}")
-    return files
 
 
 def read_specs(path: str | Path) -> dict[str, TensorSpec]:

@@ -52,14 +52,20 @@ def regular_file(path: Path) -> Path:
     return path
 
 
-def weight_files(directory: Path, roots: Sequence[Path] | None = None) -> list[Path]:
-    """`config.json` and the `*.safetensors` files of `directory`, each a regular file (and, with
-    `roots`, resolving under one of them: else WeightPathForbidden), checked before anything opens them."""
-    files = [directory / "config.json", *sorted(directory.glob("*.safetensors"))]
-    for file in files:
-        if roots is not None:
-            resolve_allowed(file, roots)
-        regular_file(file)
+def weight_file(path: Path, roots: Sequence[Path] | None = None) -> Path:
+    """`path` if it is a regular file (and, with `roots`, resolves under one of them: else
+    WeightPathForbidden, judged first); checked before anything opens it."""
+    if roots is not None:
+        resolve_allowed(path, roots)
+    return regular_file(path)
+
+
+def safetensors_files(directory: str | Path, roots: Sequence[Path] | None = None) -> list[Path]:
+    """The `*.safetensors` files of `directory`, sorted, each checked by `weight_file` (a FIFO would
+    block `safe_open` forever); UserError when there is none. The one listing of a directory's tensors."""
+    files = [weight_file(file, roots) for file in sorted(Path(directory).glob("*.safetensors"))]
+    if not files:
+        raise UserError(f"no *.safetensors files in {directory}")
     return files
 
 
@@ -78,7 +84,8 @@ def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) 
             raise UserError(f"weight path {path} is not a directory")
         if not os.path.lexists(real / "config.json") or not any(real.glob("*.safetensors")):
             raise UserError(f"weight path {path} is not a weight directory (needs config.json and *.safetensors)")
-        weight_files(real, roots)
+        weight_file(real / "config.json", roots)
+        safetensors_files(real, roots)
     except OSError as exc:
         raise UserError(f"cannot read weight path {path}: {exc.strerror}") from None
     if step is None:

@@ -52,9 +52,9 @@ def plan(out: Path, overwrite: bool, resuming: bool) -> list[Path]:
     if not out.is_dir():
         return []  # does not exist yet (the config checks already refused a file in its place)
     entries = {entry.name for entry in out.iterdir()}
-    artifacts = [name for name in RUN_ARTIFACTS if name in entries]
     if resuming:
         return []
+    artifacts = [name for name in RUN_ARTIFACTS if name in entries]
     if not overwrite:
         if artifacts:
             raise ConfigError(

@@ -42,7 +42,7 @@ def human_bytes(count: int) -> str:
     return f"{count} B" if unit == 0 else f"{value:.1f} {units[unit]}"
 
 
-def _existing(path: Path) -> Path:
+def nearest_existing(path: Path) -> Path:
     """`path` or its nearest existing parent (statvfs needs a path that exists)."""
     path = Path(path).absolute()
     while not path.exists() and path != path.parent:
@@ -51,21 +51,21 @@ def _existing(path: Path) -> Path:
 
 
 def mount_point(path: Path) -> Path:
-    path = _existing(path)
+    path = nearest_existing(path)
     while not os.path.ismount(path):
         path = path.parent
     return path
 
 
 def free_bytes(path: Path) -> int:
-    stats = os.statvfs(_existing(path))
+    stats = os.statvfs(nearest_existing(path))
     return stats.f_bavail * stats.f_frsize
 
 
 def disk_state(path: Path) -> int | None:
     """ENOSPC/EROFS when the file system holding `path` is out of space or read-only now, else None."""
     try:
-        stats = os.statvfs(_existing(path))
+        stats = os.statvfs(nearest_existing(path))
     except OSError:
         return None
     if stats.f_flag & os.ST_RDONLY:

@@ -317,6 +317,8 @@ class Engine:
         """Finish sequences that hit EOS, a stop string or their length; shrink the batch."""
         keep = []
         for row, seq in enumerate(self._seqs):
+            if seq.failed:  # its request already failed (`_fail_rows`): the row just leaves
+                continue
             done = self._finished(seq)
             if done is None:
                 keep.append(row)
@@ -340,8 +342,6 @@ class Engine:
 
     def _finished(self, seq: _Seq) -> tuple[str, str] | None:
         """(finish_reason, text) when `seq` is done, else None."""
-        if seq.failed:
-            return "error", ""
         p = seq.request.params
         if p.stop:  # decode every step only when there are stop strings to look for
             text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
@@ -358,8 +358,6 @@ class Engine:
         return None
 
     def _complete(self, seq: _Seq, reason: str, text: str) -> None:
-        if seq.failed:
-            return
         request = seq.request
         request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason)
         if all(r is not None for r in request.results) and not request.future.done():

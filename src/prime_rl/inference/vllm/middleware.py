@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_json
+from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
 from prime_rl.inference.policy import Policy
 from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow, parse_json
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
@@ -120,17 +120,17 @@ class PrimeRLMiddleware:
         try:
             raw, body = await self._body(receive)
         except ValueError as exc:
-            return await send_json(send, 400, error_payload(400, str(exc)))
+            return await send_error(send, 400, str(exc))
         max_tokens, single_prompt = completion_limit(body) if self.context_len is not None else (None, False)
         if max_tokens is not None and max_tokens >= self.context_len:
             message = f"max_tokens ({max_tokens}) leaves no room for a prompt in the context length {self.context_len}"
-            return await send_json(send, 400, error_payload(400, message))
+            return await send_error(send, 400, message)
         try:
             async with self.gate.request() as step:
                 finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None)
                 await self.app(scope, replay(raw, receive), _FinishAnswer(send, finish))
         except GateTimeout as exc:
-            await send_json(send, 503, error_payload(503, str(exc)))
+            await send_error(send, 503, str(exc))
 
     def _finish(self, payload: dict, step: int, max_tokens: int | None) -> int | None:
         """Stamp a generated answer, or make it a 400 when its prompt left no room for max_tokens."""
@@ -158,20 +158,20 @@ class PrimeRLMiddleware:
             path, step = check_weight_dir(body.path, body.step, self.policy.weight_roots)
             await self._checked(path)
         except ValidationError as exc:
-            return await send_json(send, 400, error_payload(400, f"invalid request: {exc.errors()[0]['msg']}"))
+            return await send_error(send, 400, f"invalid request: {exc.errors()[0]['msg']}")
         except WeightPathForbidden as exc:
-            return await send_json(send, 403, error_payload(403, str(exc)))
+            return await send_error(send, 403, str(exc))
         except (UserError, ValueError) as exc:
-            return await send_json(send, 400, error_payload(400, str(exc)))
+            return await send_error(send, 400, str(exc))
         engine = scope["app"].state.engine_client
         try:
             async with self.gate.update(step):
                 await engine.collective_rpc(LOAD_METHOD, args=(str(path),))
                 await engine.reset_prefix_cache()
         except GateTimeout as exc:
-            return await send_json(send, 503, error_payload(503, str(exc)))
+            return await send_error(send, 503, str(exc))
         except Exception as exc:  # a load that fails (shape mismatch, ...) leaves the old step in place
-            return await send_json(send, 400, error_payload(400, f"cannot load weights from {path}: {exc}"))
+            return await send_error(send, 400, f"cannot load weights from {path}: {exc}")
         await send_json(send, 200, {"weight_step": step})
 
 

@@ -148,9 +148,10 @@ class LossScale:
     (is_reshape). None: such a variant takes its own call's tokens as the whole step."""
 
     @classmethod
-    def from_counts(cls, counts: Tensor, max_tokens: int) -> LossScale:
+    def from_counts(cls, counts: Tensor | Sequence[float], max_tokens: int) -> LossScale:
         """From the (all-reduced) sum of `scale_counts` of every micro-batch of the step."""
-        tokens, samples, micro_batches = (int(x) for x in counts.tolist())
+        values = counts.tolist() if isinstance(counts, Tensor) else counts
+        tokens, samples, micro_batches = (int(x) for x in values)
         return cls(
             total_loss_tokens=tokens, num_samples=samples, max_tokens=max_tokens, num_micro_batches=micro_batches
         )
@@ -165,7 +166,9 @@ class LossScale:
 def scale_counts(inputs: LossInputs) -> Tensor:
     """`[trained tokens, samples with a trained token, 1 if any token trains else 0]` of one
     micro-batch (long); sum over the step's micro-batches, all-reduce across ranks, then
-    `LossScale.from_counts`."""
+    `LossScale.from_counts`. The one place these counts are defined (the trainer's `step_scale`
+    calls it too): only `loss_mask` and `sample_lens` are read, so a batch file's `MicroBatch`
+    can be passed as it is."""
     per_sample = segment_sum(inputs.loss_mask.long(), inputs.sample_lens)
     tokens = per_sample.sum()
     return torch.stack([tokens, (per_sample > 0).sum(), (tokens > 0).long()]).cpu()
@@ -177,9 +180,7 @@ def log_ratio_moments(inputs: LossInputs) -> Tensor:
     logprob left out); no gradient. Sum over the step's micro-batches, all-reduce across ranks,
     then `LossScale.with_log_ratio_moments`."""
     with torch.no_grad():
-        p = _prepare(inputs)
-        log_r = p.log_r[p.mask].to(torch.float64)
-        return torch.stack([log_r.sum(), (log_r**2).sum(), log_r.new_tensor(float(log_r.numel()))]).cpu()
+        return _moments(_prepare(inputs)).cpu()
 
 
 # --------------------------------------------------------------------------------------
@@ -523,12 +524,18 @@ def fipo_loss(cfg: FipoLossConfig, p: _Prepared) -> _Term:
     )
 
 
+def _moments(p: _Prepared) -> Tensor:
+    """float64 `[sum log r, sum (log r)^2, count]` over `p`'s tokens (see `log_ratio_moments`)."""
+    log_r = p.log_r.detach()[p.mask].to(torch.float64)
+    return torch.stack([log_r.sum(), (log_r**2).sum(), log_r.new_tensor(float(log_r.numel()))])
+
+
 def _log_ratio_variance(p: _Prepared) -> float:
     """Unbiased variance of log r over the step's trained tokens, from the step's moments
     `[S1, S2, n]` (`LossScale.log_ratio_moments`; this call's own when absent):
     sigma2 = (S2 - S1^2 / n) / (n - 1), 0 when n < 2 (float64 sums, a Python float)."""
     moments = p.log_ratio_moments
-    s1, s2, n = moments if moments is not None else log_ratio_moments(p.inputs).tolist()
+    s1, s2, n = moments if moments is not None else _moments(p).tolist()
     sigma2 = (s2 - s1 * s1 / n) / (n - 1) if n > 1 else 0.0
     return max(sigma2, 0.0)  # max: rounding can make a zero variance slightly negative
 

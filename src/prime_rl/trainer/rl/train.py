@@ -21,21 +21,25 @@ from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.data import wait_for_batch
 from prime_rl.trainer.dist import all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_logprobs, load_model, prepare_model
-from prime_rl.trainer.rl.loss import Loss, LossInputs, LossScale, build_loss, log_ratio_moments, reduce_metrics
+from prime_rl.trainer.rl.loss import (
+    Loss,
+    LossInputs,
+    LossScale,
+    build_loss,
+    log_ratio_moments,
+    reduce_metrics,
+    scale_counts,
+)
 from prime_rl.trainer.session import TrainSession
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
 
 
 def step_scale(batch: RankBatch, device: torch.device) -> LossScale:
-    """The step's denominators, counted over every micro-batch of every rank. Micro-batches count
-    (M of `token_local`) only when they hold a trained token, so the padding rows that even out
+    """The step's denominators: `scale_counts` of every micro-batch of every rank, summed. Micro-batches
+    count (M of `token_local`) only when they hold a trained token, so the padding rows that even out
     the ranks' micro-batch counts do not change the loss with the number of ranks."""
-    tokens = sum(mb.num_loss_tokens for mb in batch.micro_batches)
-    samples = sum(mb.num_samples for mb in batch.micro_batches)
-    micro = sum(1 for mb in batch.micro_batches if mb.num_loss_tokens > 0)
-    tokens, samples, micro = all_reduce_sum([tokens, samples, micro], device)
-    return LossScale(total_loss_tokens=int(tokens), num_samples=int(samples), max_tokens=batch.max_tokens,
-                     num_micro_batches=int(micro))
+    counts = sum((scale_counts(mb) for mb in batch.micro_batches), torch.zeros(3, dtype=torch.long))
+    return LossScale.from_counts(all_reduce_sum(counts.tolist(), device), max_tokens=batch.max_tokens)
 
 
 def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
