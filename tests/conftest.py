@@ -28,3 +28,15 @@ def _no_prime_env(monkeypatch):
     for key in list(os.environ):
         if key.startswith("PRIME_"):
             monkeypatch.delenv(key)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where CUDA is available and are skipped (with the reason) elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

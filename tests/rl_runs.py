@@ -31,7 +31,7 @@ def start_rl(args: list[str], log: Path, prefix: Sequence[str] = ()) -> subproce
     """`rl` with `args`, output to `log`; `prefix` runs it through a wrapper (e.g. nsenter)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
     with open(log, "wb") as out:
-        return subprocess.Popen([*prefix, sys.executable, "-m", "prime_rl.rl", *args], stdout=out,
+        return subprocess.Popen([*prefix, sys.executable, "-m", "prime_rl.launch.rl", *args], stdout=out,
                                 stderr=subprocess.STDOUT, env=env)
 
 

@@ -23,7 +23,8 @@ import torch
 from inference_server import SRC, start_server, stop_server
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import body
-from prime_rl.utils.batch_format import read_rank, step_dir
+from prime_rl.run_dir import rollout_dir
+from prime_rl.utils.batch_format import read_rank
 from prime_rl.utils.fs import atomic_dir, wait_for_path
 
 pytestmark = pytest.mark.slow
@@ -91,7 +92,7 @@ def play_trainer(output_dir: Path, model_dir: Path, config: OrchestratorConfig, 
     try:
         for step in range(STEPS):
             ahead = min(step + config.max_async_level, STEPS - 1)
-            wait_for_path(step_dir(output_dir, ahead), 60, f"rollouts step {ahead}")
+            wait_for_path(rollout_dir(output_dir, ahead), 60, f"rollouts step {ahead}")
             seen[step] = check_batch(output_dir, step, config)
             time.sleep(TRAIN_S)
             with atomic_dir(output_dir / "weights" / f"step_{step + 1}") as tmp:
@@ -168,14 +169,14 @@ def test_resume_continues_from_the_checkpoint(server, tiny_model_dir, tmp_path):
     config = make_config(tmp_path / "run", tiny_model_dir, server, 2)
     run_with_fake_trainer(config, tiny_model_dir)
     before = prompts(config.output_dir, STEPS - 1)
-    first_write = step_dir(config.output_dir, STEPS - 1).stat().st_mtime_ns
+    first_write = rollout_dir(config.output_dir, STEPS - 1).stat().st_mtime_ns
     # Resume from the checkpoint before the end: the stale last batch is dropped and regenerated.
     resumed = make_config(config.output_dir, tiny_model_dir, server, 2, ckpt={"resume_step": STEPS - 1})
     body(resumed)  # the weights it needs already exist: no trainer needed
     rows = metrics(config.output_dir)
     assert [row["step"] for row in rows] == list(range(STEPS))  # the re-run step's old line was replaced
     assert rows[-1]["time"] > rows[-2]["time"]
-    assert step_dir(config.output_dir, STEPS - 1).stat().st_mtime_ns > first_write
+    assert rollout_dir(config.output_dir, STEPS - 1).stat().st_mtime_ns > first_write
     # Same data cursor and RNG: the regenerated step has the first run's prompts.
     assert prompts(config.output_dir, STEPS - 1) == before and len(before) == 8
     state = json.loads((config.output_dir / "checkpoints" / f"step_{STEPS}" / "orchestrator" / "state.json").read_text())
@@ -212,7 +213,7 @@ def test_server_dying_mid_run_is_a_clear_error_and_leaves_no_partial_batch(tiny_
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        wait_for_path(step_dir(config.output_dir, 0), 60, "the first batch")
+        wait_for_path(rollout_dir(config.output_dir, 0), 60, "the first batch")
     finally:
         stop_server(proc)
     start = time.monotonic()

@@ -40,7 +40,7 @@ def test_reverse_text_example_learns_and_logs_loss_metrics_every_step(tmp_path):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
     result = subprocess.run(
-        [sys.executable, "-m", "prime_rl.rl", "@", str(REPO / "examples/reverse_text/rl.toml"),
+        [sys.executable, "-m", "prime_rl.launch.rl", "@", str(REPO / "examples/reverse_text/rl.toml"),
          "--output-dir", str(run_dir), "--max-steps", str(STEPS), "--wandb.mode", "offline"],
         capture_output=True, text=True, env=env, timeout=900,
     )

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from prime_rl.run_dir import weights_dir
 from prime_rl.trainer.sft.config import SFTConfig
 from prime_rl.trainer.sft.train import main, train
-from prime_rl.trainer.weights import weights_dir
 from prime_rl.utils.fs import list_steps
 
 TINY = {"tokenizer": "char", "overrides": {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64}}

@@ -14,14 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from prime_rl.run_dir import resolve_resume_step
+from prime_rl.run_dir import resolve_resume_step, weights_dir
 from prime_rl.trainer.ckpt import ckpt_dir
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import main, train
 from prime_rl.trainer.session import NonFiniteError
-from prime_rl.trainer.synthetic import random_step, write_random_step
-from prime_rl.trainer.weights import weights_dir
 from prime_rl.utils.fs import WaitTimeout, list_steps
+from synthetic_batches import random_step, write_random_step
 
 VOCAB = 99  # the char tokenizer of tiny_model_dir
 

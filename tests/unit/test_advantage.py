@@ -7,6 +7,13 @@ import math
 import pytest
 import torch
 
+from prime_rl.configs.advantage import (
+    CustomAdvantageConfig,
+    DrGrpoAdvantageConfig,
+    GrpoAdvantageConfig,
+    RlooAdvantageConfig,
+    RppBaselineAdvantageConfig,
+)
 from prime_rl.orchestrator.advantage import (
     compute_advantages,
     dr_grpo,
@@ -17,13 +24,6 @@ from prime_rl.orchestrator.advantage import (
     rloo,
     whiten,
     zero_groups,
-)
-from prime_rl.orchestrator.config import (
-    CustomAdvantageConfig,
-    DrGrpoAdvantageConfig,
-    GrpoAdvantageConfig,
-    RlooAdvantageConfig,
-    RppBaselineAdvantageConfig,
 )
 from prime_rl.utils.errors import PrimeError
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from prime_rl.configs.cli import build_config, parse_config
-from prime_rl.configs.rl import RLConfig
 from prime_rl.configs.validators import check_host
 from prime_rl.inference.config import InferenceConfig
+from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.sft.config import SFTConfig

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from prime_rl.configs.cli import build_config, parse_args, parse_config, render_help
-from prime_rl.configs.rl import RLConfig
+from prime_rl.launch.rl_config import RLConfig
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.utils.errors import ConfigError
 

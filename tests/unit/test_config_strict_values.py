@@ -8,8 +8,8 @@ import pytest
 
 from prime_rl.configs.cli import build_config, parse_args, parse_config
 from prime_rl.configs.describe import describe_config
-from prime_rl.configs.rl import RLConfig
 from prime_rl.inference.config import InferenceConfig
+from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.sft.config import SFTConfig

@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from prime_rl.orchestrator.envs import ENVIRONMENTS, Environment, Example, Reward, load_env
-from prime_rl.orchestrator.envs.rewards import lcs_length, lcs_ratio
+from prime_rl.envs import ENVIRONMENTS, Environment, Example, Reward, load_env
+from prime_rl.envs.rewards import lcs_length, lcs_ratio
 from prime_rl.utils.errors import UserError
 
 
@@ -96,9 +96,9 @@ def test_bad_ids_and_args_are_user_errors(env_id, args, message):
 
 
 def test_environment_class_by_import_path():
-    env = load_env("prime_rl.orchestrator.envs.reverse_text:ReverseTextEnv", min_len=3, max_len=3)
+    env = load_env("prime_rl.envs.reverse_text:ReverseTextEnv", min_len=3, max_len=3)
     assert env.id == "reverse-text" and len(next(env.examples(0)).answer) == 3
     with pytest.raises(UserError, match="does not name an Environment subclass"):
-        load_env("prime_rl.orchestrator.envs.rewards:lcs_ratio")
+        load_env("prime_rl.envs.rewards:lcs_ratio")
     with pytest.raises(UserError, match="cannot import module 'no_such_pkg.envs'"):
         load_env("no_such_pkg.envs:Env")

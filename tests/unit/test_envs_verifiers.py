@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from prime_rl.orchestrator.envs import load_env
+from prime_rl.envs import load_env
 from prime_rl.utils.errors import UserError
 
 HAS_VERIFIERS = importlib.util.find_spec("verifiers") is not None

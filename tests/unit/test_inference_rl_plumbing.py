@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from prime_rl.configs.rl import RLConfig
 from prime_rl.configs.toml_io import dump_toml
 from prime_rl.inference.config import InferenceConfig
+from prime_rl.launch.rl import API_KEY_ENV, child_env, run_api_key
+from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
-from prime_rl.rl import API_KEY_ENV, child_env, run_api_key
 from prime_rl.utils.errors import ConfigError
 
 

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from prime_rl.configs.cli import build_config
-from prime_rl.configs.rl import RLConfig
-from prime_rl.launch.output_dir import MARKER
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
-from prime_rl.rl import prepare_output_dir
+from prime_rl.launch.rl import prepare_output_dir
+from prime_rl.launch.rl_config import RLConfig
+from prime_rl.run_dir import MARKER
 from prime_rl.utils.errors import ConfigError, UserError
 
 
@@ -94,7 +94,7 @@ def test_stop_all_kills_grandchildren(tmp_path):
 
 
 def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files(tmp_path):
-    from prime_rl.rl import resume_from
+    from prime_rl.launch.rl import resume_from
 
     run = tmp_path / "run"
     for step, parts in ((2, ("trainer", "orchestrator")), (3, ("trainer", "orchestrator")), (4, ("trainer",))):
@@ -127,7 +127,7 @@ def test_progress_of_a_resumed_run_starts_at_the_resume_step(tmp_path):
 
     from rich.console import Console
 
-    from prime_rl.rl import ProgressView
+    from prime_rl.launch.rl import ProgressView
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "source": "trainer", "perf/step_time_s": 1.0}) + "\n"

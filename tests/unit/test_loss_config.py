@@ -133,7 +133,8 @@ def test_kl_and_entropy_terms():
     ("path", "message"),
     [
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
-        ("math:no_such_fn", "has no callable 'no_such_fn'"),
+        ("math:no_such_fn", "module 'math' has no 'no_such_fn'"),
+        ("math:pi", "'math:pi' is a float, not a function or class"),
         ("justaname", "must look like"),
     ],
 )

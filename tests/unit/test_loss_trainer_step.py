@@ -17,8 +17,8 @@ from prime_rl.orchestrator.batch import padding_micro_batch
 from prime_rl.trainer.dist import init_distributed
 from prime_rl.trainer.rl.loss import build_loss
 from prime_rl.trainer.rl.train import step_scale, train_on_batch
-from prime_rl.trainer.synthetic import random_micro_batch
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
+from synthetic_batches import random_micro_batch
 
 VOCAB = 99  # the char tokenizer of tiny_model_dir
 

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from prime_rl.configs.cli import build_config, parse_config
-from prime_rl.configs.rl import RLConfig
+from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.utils.errors import ConfigError
 

@@ -9,11 +9,12 @@ import tomllib
 import pytest
 
 from prime_rl.configs.cli import build_config
-from prime_rl.configs.rl import RLConfig
 from prime_rl.launch import output_dir
-from prime_rl.launch.output_dir import MARKER, RUN_ARTIFACTS, check_writable, delete, mark, plan
+from prime_rl.launch.output_dir import check_writable, delete, mark, plan
 from prime_rl.launch.processes import Child
-from prime_rl.rl import launch
+from prime_rl.launch.rl import launch
+from prime_rl.launch.rl_config import RLConfig
+from prime_rl.run_dir import MARKER, RUN_ARTIFACTS
 from prime_rl.utils.errors import ConfigError
 
 

@@ -272,6 +272,7 @@ def _two_rank_worker(rank: int, store: str, out: str) -> None:
         except CorruptCheckpoint as exc:
             result["error"] = str(exc)
         Path(out, f"result_{rank}.json").write_text(json.dumps(result))
+        dist.barrier()  # both ranks done with gloo before either tears it down (else an abort at exit)
     finally:
         dist.destroy_process_group()
 

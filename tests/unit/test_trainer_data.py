@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from prime_rl.configs.cli import build_config
-from prime_rl.configs.rl import RLConfig
+from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
+from prime_rl.run_dir import rollout_dir, rollout_file
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.data import wait_for_batch
-from prime_rl.utils.batch_format import rank_file, step_dir
 from prime_rl.utils.errors import ConfigError, PrimeError
 
 STEP = 5
@@ -33,11 +33,11 @@ def micro_batch(samples: list[tuple[int, bool]]) -> dict:
 
 def write_batch(output_dir, *rows: list[tuple[int, bool]], temperature: float = 1.0) -> None:
     """rollouts/step_5/rank_0.pt written by hand, in the documented format (utils/batch_format.py)."""
-    directory = step_dir(output_dir, STEP)
+    directory = rollout_dir(output_dir, STEP)
     directory.mkdir(parents=True)
     payload = {"step": STEP, "temperature": temperature, "max_tokens": 2,
                "micro_batches": [micro_batch(row) for row in rows]}
-    torch.save(payload, rank_file(directory, 0))
+    torch.save(payload, rollout_file(directory, 0))
 
 
 def read(output_dir, max_async_level):

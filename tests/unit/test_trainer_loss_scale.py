@@ -7,8 +7,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from prime_rl.trainer.rl.train import step_scale
-from prime_rl.trainer.synthetic import random_micro_batch
 from prime_rl.utils.batch_format import RankBatch
+from synthetic_batches import random_micro_batch
 
 
 def rank_batch(rank: int) -> RankBatch:

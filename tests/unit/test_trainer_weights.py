@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from prime_rl.run_dir import weights_dir
 from prime_rl.trainer.dist import init_distributed
-from prime_rl.trainer.weights import weights_dir, write_weights
+from prime_rl.trainer.weights import write_weights
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
 from prime_rl.utils.fs import list_steps
 

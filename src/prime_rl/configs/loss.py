@@ -1,20 +1,23 @@
 """`[loss]`: a discriminated union on `type`, one pydantic model per loss variant.
 
-The math of each variant lives in `prime_rl.trainer.rl.loss`; see docs/losses.md for the
-formulas, defaults and papers. Every variant has a `normalization` (with its own default),
+Every variant is registered in `LOSSES` (`@LOSSES.config`); its function, in
+`prime_rl.trainer.rl.loss`, registers with `@LOSSES.implements(ItsConfig)`, and `LossConfig`
+is the union of the registered classes. See docs/losses.md for the formulas, defaults and papers. Every variant has a `normalization` (with its own default),
 an optional KL-to-reference term (`kl_coef`, `kl_type`) and an entropy bonus (`entropy_coef`).
 """
 
 from __future__ import annotations
 
-import importlib
 import warnings
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.registry import Registry
+from prime_rl.utils.imports import import_callable
+
+LOSSES: Registry[Any] = Registry("loss", implemented_in="prime_rl.trainer.rl.loss")
 
 Normalization = Literal["token", "sequence", "token_local", "constant"]
 KLType = Literal["k1", "k2", "k3", "low_var_kl"]
@@ -29,6 +32,9 @@ class _LossCommon(BaseConfig):
     """KL estimator on `d = lp - ref`: k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (exp(-d) continued linearly below d = -20, so it cannot overflow), low_var_kl = k3 with d clamped to [-20, 20], then clamped to [-10, 10]."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Weight of the entropy bonus (subtracts entropy_coef * entropy per token; needs entropies from the trainer)."""
+
+    needs_log_ratio_moments: ClassVar[bool] = False
+    """True for a variant whose loss depends on a statistic of the whole step (`LossScale.log_ratio_moments`)."""
 
 
 def _check_low_high(config: BaseConfig, *pairs: tuple[str, str]) -> None:
@@ -49,6 +55,7 @@ class _AdvantageShaping(BaseConfig):
     """Weight of the inference-mismatch penalty -log r in the shaped advantage."""
 
 
+@LOSSES.config
 class DefaultLossConfig(_LossCommon, _AdvantageShaping):
     """AIPO: masked importance sampling (prime-rl's default)."""
 
@@ -83,6 +90,7 @@ class DefaultLossConfig(_LossCommon, _AdvantageShaping):
         return self
 
 
+@LOSSES.config
 class SapoLossConfig(_LossCommon, _AdvantageShaping):
     """SAPO: soft adaptive policy optimization, a sigmoid gate instead of a hard clip (arXiv 2511.20347)."""
 
@@ -106,6 +114,7 @@ class SapoLossConfig(_LossCommon, _AdvantageShaping):
         return self
 
 
+@LOSSES.config
 class CispoLossConfig(_LossCommon):
     """CISPO (MiniMax-M1): clipped, stop-gradient importance weight on every token's policy gradient."""
 
@@ -118,6 +127,7 @@ class CispoLossConfig(_LossCommon):
     """The weight is clipped at 1 - eps_low; None = no lower bound."""
 
 
+@LOSSES.config
 class VanillaLossConfig(_LossCommon):
     """Plain importance-sampled policy gradient -r * A, no clipping."""
 
@@ -139,6 +149,7 @@ class PPOClipConfig(_LossCommon):
     """Off-policy sequence masking: drop token t when A_t < 0 and its sample's mean(lq - lp) > delta (None = off)."""
 
 
+@LOSSES.config
 class GrpoLossConfig(PPOClipConfig):
     """GRPO: clipped surrogate, each sample's token mean, mean over samples (arXiv 2402.03300)."""
 
@@ -147,6 +158,7 @@ class GrpoLossConfig(PPOClipConfig):
     """How per-token losses are reduced over the step."""
 
 
+@LOSSES.config
 class BnpoLossConfig(PPOClipConfig):
     """`bnpo`: clipped surrogate, sum over the step's trained tokens / their count (TRL's `loss_type = "bnpo"`)."""
 
@@ -155,6 +167,7 @@ class BnpoLossConfig(PPOClipConfig):
     """How per-token losses are reduced over the step."""
 
 
+@LOSSES.config
 class DrGrpoLossConfig(PPOClipConfig):
     """Dr. GRPO: clipped surrogate, sum divided by a constant N * max_tokens, N = samples with a trained token (arXiv 2503.20783)."""
 
@@ -163,6 +176,7 @@ class DrGrpoLossConfig(PPOClipConfig):
     """How per-token losses are reduced over the step."""
 
 
+@LOSSES.config
 class DapoLossConfig(PPOClipConfig):
     """DAPO: clip-higher surrogate, token mean over the step (arXiv 2503.14476)."""
 
@@ -173,6 +187,7 @@ class DapoLossConfig(PPOClipConfig):
     """Upper clip bound 1 + eps_high (clip-higher)."""
 
 
+@LOSSES.config
 class GspoLossConfig(_LossCommon):
     """GSPO: clipped surrogate on the sequence ratio exp(mean log r) (arXiv 2507.18071)."""
 
@@ -185,12 +200,14 @@ class GspoLossConfig(_LossCommon):
     """Upper clip bound 1 + eps_high on the sequence ratio."""
 
 
+@LOSSES.config
 class GspoTokenLossConfig(GspoLossConfig):
     """GSPO-token: per-token ratio sg(s_i) * exp(lp - sg(lp)), same value as GSPO, per-token gradient path."""
 
     type: Literal["gspo_token"] = "gspo_token"  # type: ignore[assignment]
 
 
+@LOSSES.config
 class FipoLossConfig(DapoLossConfig):
     """FIPO: the DAPO loss weighted by a clipped, discounted future-KL influence per token."""
 
@@ -203,10 +220,12 @@ class FipoLossConfig(DapoLossConfig):
     """Treat the influence weight as a constant (no gradient through it)."""
 
 
+@LOSSES.config
 class IsReshapeLossConfig(_LossCommon):
     """Rényi importance-sampling reshape: the weight w^gamma with an adaptive, per-token exponent gamma."""
 
     type: Literal["is_reshape"] = "is_reshape"
+    needs_log_ratio_moments: ClassVar[bool] = True
     normalization: Normalization = "token"
     """How per-token losses are reduced over the step."""
     rho_min: float = Field(default=0.3, gt=0, lt=1)
@@ -223,24 +242,7 @@ class IsReshapeLossConfig(_LossCommon):
     """Cap on the reshaped weight when clip_weight is true."""
 
 
-def import_loss_function(import_path: str) -> Callable[..., Any]:
-    """Resolve 'pkg.mod:fn' or 'pkg.mod.fn' to a callable; ValueError with a clear message otherwise."""
-    if ":" in import_path:
-        module_name, _, attr = import_path.partition(":")
-    else:
-        module_name, _, attr = import_path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"import_path {import_path!r} must look like 'pkg.module:function' or 'pkg.module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # an ImportError or whatever the module raises on import
-        raise ValueError(f"cannot import module {module_name!r} of import_path {import_path!r}: {e}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"module {module_name!r} has no callable {attr!r} (import_path {import_path!r})")
-    return fn
-
-
+@LOSSES.config
 class CustomLossConfig(_LossCommon):
     """A user-supplied loss function, imported by path (see docs/bring-your-own-algorithm.md)."""
 
@@ -255,23 +257,9 @@ class CustomLossConfig(_LossCommon):
     @field_validator("import_path")
     @classmethod
     def _importable(cls, value: str) -> str:
-        import_loss_function(value)
+        import_callable(value)
         return value
 
 
-LossConfig = Annotated[
-    DefaultLossConfig
-    | SapoLossConfig
-    | CispoLossConfig
-    | VanillaLossConfig
-    | GrpoLossConfig
-    | BnpoLossConfig
-    | DrGrpoLossConfig
-    | DapoLossConfig
-    | GspoLossConfig
-    | GspoTokenLossConfig
-    | FipoLossConfig
-    | IsReshapeLossConfig
-    | CustomLossConfig,
-    Field(discriminator="type"),
-]
+LossConfig = LOSSES.union()
+"""The `[loss]` section: one of the registered variants, selected by `type`."""

@@ -1,4 +1,4 @@
-"""Values that name something outside the config (an address, a directory), checked at load time.
+"""Values that name something outside the config (an address, a directory, a secret), checked at load time.
 
 The checks read only local state and change nothing, so `--dry-run` runs them too:
 
@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, SecretStr
 
 from prime_rl.utils.disk import disk_state, nearest_existing
 
@@ -68,3 +68,22 @@ Host = Annotated[str, AfterValidator(check_host)]
 
 OutputDir = Annotated[Path, AfterValidator(check_output_dir)]
 """A run directory that exists and is writable, or can be created (nothing is created at load time)."""
+
+
+def check_api_key(key: SecretStr) -> SecretStr:
+    """A key that a client can send and the server can match: non-empty printable ASCII, no space at either end.
+
+    (The server reads the Authorization header as latin-1 and compares bytes, so any other key
+    could never match; an empty one would silently mean no authentication.)"""
+    value = key.get_secret_value()
+    if not value:
+        raise ValueError("the API key is empty (unset it for no authentication)")
+    if not all(" " <= char <= "~" for char in value):
+        raise ValueError("the API key must be printable ASCII (letters, digits, punctuation)")
+    if value != value.strip():
+        raise ValueError("the API key must not begin or end with a space")
+    return key
+
+
+ApiKey = Annotated[SecretStr, AfterValidator(check_api_key)]
+"""A bearer token (see `check_api_key`); never printed."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, Field, SecretStr
+from pydantic import Field
 
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
+from prime_rl.configs.registry import Registry
 from prime_rl.configs.shared import ModelConfig
-from prime_rl.configs.validators import Host
+from prime_rl.configs.validators import ApiKey, Host
 from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
 
 # Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (httpx: 5 s), so the
@@ -18,27 +19,17 @@ from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
 KEEP_ALIVE_S = 120
 
 
-def check_api_key(key: SecretStr) -> SecretStr:
-    """A key that a client can send and the server can match: non-empty printable ASCII, no space at either end.
-
-    (The server reads the Authorization header as latin-1 and compares bytes, so any other key
-    could never match; an empty one would silently mean no authentication.)"""
-    value = key.get_secret_value()
-    if not value:
-        raise ValueError("the API key is empty (unset it for no authentication)")
-    if not all(" " <= char <= "~" for char in value):
-        raise ValueError("the API key must be printable ASCII (letters, digits, punctuation)")
-    if value != value.strip():
-        raise ValueError("the API key must not begin or end with a space")
-    return key
 
 
-ApiKey = Annotated[SecretStr, AfterValidator(check_api_key)]
-"""A bearer token (see `check_api_key`); never printed."""
+BACKENDS: Registry[Any] = Registry("inference backend", implemented_in="prime_rl.inference.backends")
+"""Each backend's options section (`[inference.<name>]`) and its serve function (`inference/backends.py`)."""
 
 
+@BACKENDS.config
 class BuiltinConfig(BaseConfig):
     """The embedded torch + transformers engine."""
+
+    name: ClassVar[str] = "builtin"
 
     device: str = "auto"
     """Torch device ('auto': cuda:0 when a GPU is present, else cpu)."""
@@ -50,8 +41,11 @@ class BuiltinConfig(BaseConfig):
     """Torch CPU threads (torch.set_num_threads; none: one per core); 1 is fastest for tiny models and beside a trainer."""
 
 
+@BACKENDS.config
 class VLLMConfig(BaseConfig):
     """vLLM's own engine options, passed through to its OpenAI server."""
+
+    name: ClassVar[str] = "vllm"
 
     tensor_parallel_size: Annotated[int, Field(gt=0)] = 1
     """Tensor parallel size (vLLM --tensor-parallel-size)."""
@@ -80,7 +74,7 @@ class InferenceConfig(EntrypointConfig):
     """Longest prompt + completion the server accepts, in tokens."""
     seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] = 0
     """Seed for sampling."""
-    backend: Literal["builtin", "vllm", "auto"] = "auto"
+    backend: Literal[(*BACKENDS.names, "auto")] = "auto"  # type: ignore[valid-type]
     """builtin (torch), vllm, or auto (vllm when importable and a GPU is present)."""
     host: Host = "127.0.0.1"
     """Address to bind: an IP address or a host name (a name must resolve when the server starts)."""

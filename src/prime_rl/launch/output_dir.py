@@ -25,13 +25,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from prime_rl.run_dir import MARKER, RUN_ARTIFACTS
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.fs import atomic_write_text
-
-MARKER = ".prime-rl-run"
-RUN_ARTIFACTS = ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb", "metrics.jsonl",
-                 "metrics.jsonl.lock", "metrics.png")
-"""What an `rl` run writes in its output directory (see docs/architecture.md)."""
 
 
 def _some(names: set[str]) -> str:

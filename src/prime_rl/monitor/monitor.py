@@ -10,8 +10,7 @@ import torch
 from prime_rl.configs.shared import WandbConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.monitor.sinks import ConsoleSink, JsonlSink, WandbSink, drop_steps_from, read_jsonl
-
-METRICS_FILE = "metrics.jsonl"
+from prime_rl.run_dir import config_file, metrics_file
 
 
 def to_float(value: Any) -> float:
@@ -42,8 +41,8 @@ class Monitor:
         self.output_dir = Path(output_dir)
         self.source = source
         if run_config is not None:
-            write_toml(self.output_dir / "configs" / f"{source}.toml", run_config)
-        path = self.output_dir / METRICS_FILE
+            write_toml(config_file(self.output_dir, source), run_config)
+        path = metrics_file(self.output_dir)
         history: list[dict[str, Any]] = []
         if resume_step is not None:
             # Steps >= resume_step are re-run: their old lines go, so every step appears once.

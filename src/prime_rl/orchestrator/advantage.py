@@ -32,14 +32,23 @@ for those groups to count as zero-advantage.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from prime_rl.configs.loss import import_loss_function
-from prime_rl.orchestrator.config import AdvantageConfig
+from prime_rl.configs.advantage import (
+    ADVANTAGES,
+    AdvantageConfig,
+    CustomAdvantageConfig,
+    DrGrpoAdvantageConfig,
+    GrpoAdvantageConfig,
+    RlooAdvantageConfig,
+    RppBaselineAdvantageConfig,
+)
 from prime_rl.utils.errors import PrimeError
+from prime_rl.utils.imports import import_callable
 
 EPS = 1e-6
 
@@ -75,6 +84,7 @@ def _centered(rewards: Tensor) -> Tensor:
     return _zero_rows(rewards - rewards.mean(dim=1, keepdim=True), equal_groups(rewards))
 
 
+@ADVANTAGES.implements(GrpoAdvantageConfig)
 def grpo(rewards: Tensor, std_normalize: bool = True) -> Tensor:
     _check_groups(rewards, "grpo")
     centered = _centered(rewards)
@@ -83,11 +93,13 @@ def grpo(rewards: Tensor, std_normalize: bool = True) -> Tensor:
     return centered / (rewards.double().std(dim=1, keepdim=True) + EPS)
 
 
+@ADVANTAGES.implements(DrGrpoAdvantageConfig)
 def dr_grpo(rewards: Tensor) -> Tensor:
     _check_groups(rewards, "dr_grpo")
     return _centered(rewards)
 
 
+@ADVANTAGES.implements(RlooAdvantageConfig)
 def rloo(rewards: Tensor) -> Tensor:
     _check_groups(rewards, "rloo")
     n = rewards.shape[1]
@@ -107,39 +119,26 @@ def whiten(values: Tensor) -> Tensor:
     return _zero_rows(centered / (values.std(correction=0) + EPS), zero_groups(values))
 
 
+@ADVANTAGES.implements(RppBaselineAdvantageConfig)
 def reinforce_plus_plus_baseline(rewards: Tensor) -> Tensor:
     _check_groups(rewards, "reinforce_plus_plus_baseline")
     return whiten(_centered(rewards))
 
 
-def _custom(config) -> Callable[[Tensor], Tensor]:
-    fn = import_loss_function(config.import_path)
-
-    def call(rewards: Tensor) -> Tensor:
-        result = fn(rewards, **config.kwargs)
-        if not isinstance(result, Tensor) or result.shape != rewards.shape:
-            got = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
-            raise PrimeError(
-                f"custom advantage {config.import_path} returned {got}, expected a tensor of shape {tuple(rewards.shape)}"
-            )
-        return result.double()
-
-    return call
+@ADVANTAGES.implements(CustomAdvantageConfig)
+def custom(rewards: Tensor, import_path: str, kwargs: dict) -> Tensor:
+    """`fn(rewards, **kwargs)` of the function at `import_path`, checked to be a tensor of the rewards' shape."""
+    result = import_callable(import_path)(rewards, **kwargs)
+    if not isinstance(result, Tensor) or result.shape != rewards.shape:
+        got = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
+        raise PrimeError(f"custom advantage {import_path} returned {got}, expected a tensor of shape {tuple(rewards.shape)}")
+    return result.double()
 
 
 def advantage_fn(config: AdvantageConfig) -> Callable[[Tensor], Tensor]:
-    """The function rewards [groups, rollouts] -> advantages [groups, rollouts] that `config` selects."""
-    if config.type == "grpo":
-        return lambda r: grpo(r, config.std_normalize)
-    if config.type == "dr_grpo":
-        return dr_grpo
-    if config.type == "rloo":
-        return rloo
-    if config.type == "reinforce_plus_plus_baseline":
-        return reinforce_plus_plus_baseline
-    if config.type == "custom":
-        return _custom(config)
-    raise ValueError(f"unknown advantage type {config.type!r}")
+    """The function rewards [groups, rollouts] -> advantages [groups, rollouts] that `config` selects:
+    its registered implementation with the config's fields as keyword arguments."""
+    return functools.partial(ADVANTAGES.implementation(config.type), **config.arguments())
 
 
 def compute_advantages(config: AdvantageConfig, rewards: Tensor, normalize: bool = False) -> Tensor:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
+from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
 from prime_rl.configs.base import BaseConfig
-from prime_rl.configs.loss import import_loss_function
 from prime_rl.configs.shared import CkptConfig, RunConfig
-from prime_rl.inference.config import ApiKey
-from prime_rl.orchestrator.envs import ENVIRONMENTS, load_env
+from prime_rl.configs.validators import ApiKey
+from prime_rl.envs import ENVIRONMENTS, load_env
 from prime_rl.utils.errors import UserError
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -91,60 +91,6 @@ class SamplingConfig(BaseConfig):
         return value
 
 
-class GrpoAdvantageConfig(BaseConfig):
-    """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within each group (sample std)."""
-
-    type: Literal["grpo"] = "grpo"
-    std_normalize: bool = True
-    """Divide by the group's standard deviation (false: Dr. GRPO's plain r - mean)."""
-
-
-class DrGrpoAdvantageConfig(BaseConfig):
-    """Dr. GRPO: A_i = r_i - mean(r) within each group."""
-
-    type: Literal["dr_grpo"] = "dr_grpo"
-
-
-class RlooAdvantageConfig(BaseConfig):
-    """RLOO: A_i = r_i - mean_{j != i} r_j (leave-one-out baseline) within each group."""
-
-    type: Literal["rloo"] = "rloo"
-
-
-class RppBaselineAdvantageConfig(BaseConfig):
-    """REINFORCE++-baseline: a_i = r_i - mean(r) within each group, then whitened over the whole batch."""
-
-    type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"
-
-
-class CustomAdvantageConfig(BaseConfig):
-    """A user function fn(rewards [groups, rollouts], **kwargs) -> advantages [groups, rollouts]."""
-
-    type: Literal["custom"] = "custom"
-    import_path: str
-    """'pkg.module:function' or 'pkg.module.function'."""
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments passed to the function."""
-
-    @field_validator("import_path")
-    @classmethod
-    def _importable(cls, value: str) -> str:
-        import_loss_function(value)  # same import rules (and errors) as custom losses
-        return value
-
-
-AdvantageConfig = Annotated[
-    GrpoAdvantageConfig
-    | DrGrpoAdvantageConfig
-    | RlooAdvantageConfig
-    | RppBaselineAdvantageConfig
-    | CustomAdvantageConfig,
-    Field(discriminator="type"),
-]
-
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
-
-
 class EvalConfig(BaseConfig):
     """Periodic evaluation on a fixed set of examples per environment."""
 
@@ -206,7 +152,7 @@ class OrchestratorConfig(RunConfig):
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be divisible by rollouts_per_example ({self.rollouts_per_example})"
             )
-        if self.advantage.type in GROUP_ADVANTAGES and self.rollouts_per_example < 2:
+        if self.advantage.compares_rollouts and self.rollouts_per_example < 2:
             raise ValueError(
                 f"advantage type '{self.advantage.type}' compares rollouts of one prompt: "
                 "rollouts_per_example must be >= 2"

@@ -22,6 +22,7 @@ import time
 import torch
 
 from prime_rl.configs.cli import run_main
+from prime_rl.envs import load_env
 from prime_rl.monitor import Monitor
 from prime_rl.orchestrator.advantage import compute_advantages, zero_groups
 from prime_rl.orchestrator.batch import Sample, pack_batch
@@ -34,11 +35,10 @@ from prime_rl.orchestrator.ckpt import (
 )
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.config import OrchestratorConfig
-from prime_rl.orchestrator.envs import load_env
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
 from prime_rl.orchestrator.weight_sync import WeightSync
-from prime_rl.run_dir import resolve_resume_step
+from prime_rl.run_dir import resolve_resume_step, rollouts_root
 from prime_rl.utils.batch_format import write_step
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
@@ -165,7 +165,7 @@ async def run(config: OrchestratorConfig) -> None:
     state = load_state(config.output_dir, resume) if resume is not None else OrchestratorState()
     if resume is not None:
         # Batches at or after the resume step came from the previous run.
-        remove_steps_from(config.output_dir / "rollouts", state.step)
+        remove_steps_from(rollouts_root(config.output_dir), state.step)
         log.info(f"resuming from checkpoint step {resume}")
     monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config.model_dump(mode="json"),
                       console_keys=CONSOLE_KEYS, resume_step=resume)

@@ -15,9 +15,9 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from prime_rl.envs import Environment, Example, load_env
 from prime_rl.orchestrator.client import ChatResult, InferenceClient
 from prime_rl.orchestrator.config import EnvConfig
-from prime_rl.orchestrator.envs import Environment, Example, load_env
 
 
 @dataclass

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from prime_rl.orchestrator.client import InferenceClient, InferenceError
-from prime_rl.utils.fs import WaitTimeout, list_steps, step_path
+from prime_rl.run_dir import weights_dir, weights_root
+from prime_rl.utils.fs import WaitTimeout, list_steps
 from prime_rl.utils.logging import get_logger
 
 
@@ -31,7 +32,7 @@ class WeightSync:
     def __init__(self, client: InferenceClient, output_dir: Path, max_async_level: int, timeout_s: float,
                  served_step: int = 0, trusted_upto: int = 0, poll_s: float = 0.05):
         self.client = client
-        self.weights_dir = Path(output_dir) / "weights"
+        self.output_dir = Path(output_dir)
         self.max_async_level = max_async_level
         self.timeout_s = timeout_s
         self.served_step = served_step
@@ -45,21 +46,21 @@ class WeightSync:
         if step <= self.trusted_upto:
             return True
         try:
-            return step_path(self.weights_dir, step).stat().st_mtime >= self.started_at
+            return weights_dir(self.output_dir, step).stat().st_mtime >= self.started_at
         except FileNotFoundError:
             return False
 
     async def load_newest(self, at_most: int) -> bool:
         """Load the newest usable weights/step_K with served step < K <= at_most; True if loaded."""
         for _ in range(3):  # the trainer may prune a directory between listing and loading
-            steps = [s for s in list_steps(self.weights_dir) if s <= at_most and self._usable(s)]
+            steps = [s for s in list_steps(weights_root(self.output_dir)) if s <= at_most and self._usable(s)]
             if not steps or steps[-1] <= self.served_step:
                 return False
             newest = steps[-1]
             try:
-                self.served_step = await self.client.update_weights(str(step_path(self.weights_dir, newest)), newest)
+                self.served_step = await self.client.update_weights(str(weights_dir(self.output_dir, newest)), newest)
             except InferenceError:
-                if step_path(self.weights_dir, newest).is_dir():
+                if weights_dir(self.output_dir, newest).is_dir():
                     raise
                 continue
             self.log.info(f"inference now serves weights step {self.served_step}")
@@ -88,7 +89,7 @@ class WeightSync:
             if waited > self.timeout_s:
                 raise WaitTimeout(
                     f"timed out after {self.timeout_s:.0f}s waiting for the trainer's weights step >= {need} "
-                    f"({self.weights_dir}/step_{need}) to generate step {step} with max_async_level "
+                    f"({weights_dir(self.output_dir, need)}) to generate step {step} with max_async_level "
                     f"{self.max_async_level}"
                 )
             if not logged:

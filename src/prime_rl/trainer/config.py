@@ -1,4 +1,4 @@
-"""Configs of the `trainer` (RL) entrypoint and the pieces `sft` shares with it."""
+"""Configs of the `trainer` (RL) entrypoint and of what `sft` shares with it (`TrainingConfig`)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class SchedulerConfig(BaseConfig):
     """Final lr as a fraction of lr (linear and cosine)."""
 
 
-class TrainerModelOptions(BaseConfig):
+class RuntimeConfig(BaseConfig):
     """How the trainer runs the model."""
 
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -67,23 +67,29 @@ class ModelInitConfig(BaseConfig):
     """Config fields to override, e.g. {hidden_size = 128, num_hidden_layers = 4}."""
 
 
-class TrainerConfig(RunConfig):
-    """RL trainer: reads rollout batches, steps the policy with the configured loss, writes weights."""
+class TrainingConfig(RunConfig):
+    """What every training entrypoint (`trainer`, `sft`) has: the optimizer, its schedule, checkpoints, how
+    the model runs, and the weights it writes (`trainer/session.py` runs all of it)."""
 
-    command = "trainer"
-
-    loss: LossConfig = Field(default_factory=DefaultLossConfig)
-    """Policy loss (see docs/losses.md)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     """Learning-rate schedule."""
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     """Checkpointing and resume."""
-    runtime: TrainerModelOptions = Field(default_factory=TrainerModelOptions)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """dtype, attention kernel, activation checkpointing, compile."""
     keep_weights: Annotated[int, Field(ge=1)] | None = 3
     """Keep only the newest this many weights/step_N directories (none: keep all)."""
+
+
+class TrainerConfig(TrainingConfig):
+    """RL trainer: reads rollout batches, steps the policy with the configured loss, writes weights."""
+
+    command = "trainer"
+
+    loss: LossConfig = Field(default_factory=DefaultLossConfig)
+    """Policy loss (see docs/losses.md)."""
     update_epochs: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
     batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0

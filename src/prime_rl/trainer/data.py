@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from prime_rl.utils.batch_format import RankBatch, rank_file, read_rank, step_dir
+from prime_rl.run_dir import rollout_dir, rollout_file
+from prime_rl.utils.batch_format import RankBatch, read_rank
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.fs import wait_for_path
 
@@ -37,10 +38,10 @@ def wait_for_batch(output_dir: Path, step: int, rank: int, timeout_s: float,
     logits are divided by it) and, when `max_async_level` is given, every trained sample's
     policy step (`check_policy_steps`).
     """
-    directory = step_dir(output_dir, step)
-    what = f"rollout batch of step {step} ({rank_file(directory, rank).name}, written by the orchestrator)"
+    directory = rollout_dir(output_dir, step)
+    what = f"rollout batch of step {step} ({rollout_file(directory, rank).name}, written by the orchestrator)"
     waited = wait_for_path(directory, timeout_s, what)
-    path = rank_file(directory, rank)
+    path = rollout_file(directory, rank)
     if not path.exists():
         raise PrimeError(f"rollout batch {path} is missing: the orchestrator wrote step {step} for fewer ranks "
                          f"than this trainer has (rank {rank})")

@@ -18,11 +18,11 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from prime_rl.configs.shared import ModelConfig
-from prime_rl.trainer.config import ModelInitConfig, TrainerModelOptions
+from prime_rl.trainer.config import ModelInitConfig, RuntimeConfig
 from prime_rl.utils.errors import UserError
 
 
-def resolve_dtype(options: TrainerModelOptions, device: torch.device) -> torch.dtype:
+def resolve_dtype(options: RuntimeConfig, device: torch.device) -> torch.dtype:
     if options.dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, options.dtype)
@@ -73,7 +73,7 @@ def _init_config(init: ModelInitConfig, tokenizer: PreTrainedTokenizerBase, trus
 
 def load_model(
     model: ModelConfig,
-    options: TrainerModelOptions,
+    options: RuntimeConfig,
     device: torch.device,
     init: ModelInitConfig | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -111,7 +111,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def prepare_model(model: nn.Module, options: TrainerModelOptions, device: torch.device, trainable: bool = True) -> nn.Module:
+def prepare_model(model: nn.Module, options: RuntimeConfig, device: torch.device, trainable: bool = True) -> nn.Module:
     """Activation checkpointing, torch.compile, then FSDP2: `fully_shard` per decoder layer and at the root."""
     layers = decoder_layers(model)
     if trainable and options.activation_checkpointing:

@@ -17,16 +17,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from prime_rl.configs.shared import RunConfig
 from prime_rl.monitor import Monitor
-from prime_rl.run_dir import resolve_resume_step
+from prime_rl.run_dir import resolve_resume_step, weights_dir
 from prime_rl.trainer import ckpt as ckpt_io
-from prime_rl.trainer.config import ModelInitConfig
+from prime_rl.trainer.config import ModelInitConfig, TrainingConfig
 from prime_rl.trainer.dist import all_reduce_sum, init_distributed
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
-from prime_rl.trainer.weights import weights_dir, write_weights
+from prime_rl.trainer.weights import write_weights
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.logging import setup_logging
 
@@ -58,11 +57,11 @@ def non_finite_parameters(model: torch.nn.Module) -> list[str]:
 class TrainSession:
     """Owns the distributed model, its optimizer and scheduler for one `trainer` / `sft` run.
 
-    `config` is a `TrainerConfig` or `SFTConfig` (both have optim, scheduler, ckpt, runtime).
+    `config` is a `TrainerConfig` or an `SFTConfig` (their shared part is `TrainingConfig`).
     `start_step` is the number of optimizer steps already done (from a resumed checkpoint).
     """
 
-    def __init__(self, config: RunConfig, source: str, init: ModelInitConfig | None = None):
+    def __init__(self, config: TrainingConfig, source: str, init: ModelInitConfig | None = None):
         self.config = config
         self.source = source
         self.dist = init_distributed()
@@ -142,9 +141,8 @@ class TrainSession:
                                     self.config.ckpt.keep)
 
     def _write_weights(self, step: int) -> None:
-        """Collective: `weights/step_{step}`, keeping the newest `keep_weights` (RL trainer only has it)."""
-        keep = getattr(self.config, "keep_weights", None)
-        write_weights(self.model, self.tokenizer, self.output_dir, step, self.dist.is_main, keep)
+        """Collective: `weights/step_{step}`, keeping the newest `keep_weights`."""
+        write_weights(self.model, self.tokenizer, self.output_dir, step, self.dist.is_main, self.config.keep_weights)
 
     def publish_resumed_weights(self) -> None:
         """After a resume from step N, make sure `weights/step_N` exists: the orchestrator needs

@@ -13,11 +13,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from prime_rl.utils.fs import atomic_dir, prune_steps, step_path
-
-
-def weights_dir(output_dir: Path, step: int) -> Path:
-    return step_path(Path(output_dir) / "weights", step)
+from prime_rl.run_dir import weights_dir
+from prime_rl.utils.fs import atomic_dir, prune_steps
 
 
 def write_weights(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path, step: int,

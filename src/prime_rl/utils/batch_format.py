@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from prime_rl.utils.fs import atomic_dir, step_path
+from prime_rl.run_dir import rollout_dir, rollout_file
+from prime_rl.utils.fs import atomic_dir
 
 OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs")
 
@@ -90,20 +91,12 @@ class RankBatch:
     micro_batches: list[MicroBatch]
 
 
-def step_dir(output_dir: Path, step: int) -> Path:
-    return step_path(Path(output_dir) / "rollouts", step)
-
-
-def rank_file(directory: Path, rank: int) -> Path:
-    return Path(directory) / f"rank_{rank}.pt"
-
-
 def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
     """Write all ranks' batches of `step` at once (atomic directory rename)."""
     counts = {len(b.micro_batches) for b in per_rank}
     if len(counts) != 1:
         raise ValueError(f"every rank needs the same number of micro-batches, got {sorted(counts)}")
-    target = step_dir(output_dir, step)
+    target = rollout_dir(output_dir, step)
     with atomic_dir(target) as tmp:
         for rank, batch in enumerate(per_rank):
             for mb in batch.micro_batches:
@@ -116,13 +109,13 @@ def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
             }
             buffer = io.BytesIO()  # then one plain write: a full disk is an OSError naming the file
             torch.save(payload, buffer)
-            rank_file(tmp, rank).write_bytes(buffer.getbuffer())
+            rollout_file(tmp, rank).write_bytes(buffer.getbuffer())
     return target
 
 
 def read_rank(output_dir: Path, step: int, rank: int) -> RankBatch:
     """Load one rank's batch (the caller waits for the step directory first)."""
-    payload = torch.load(rank_file(step_dir(output_dir, step), rank), weights_only=True)
+    payload = torch.load(rollout_file(rollout_dir(output_dir, step), rank), weights_only=True)
     return RankBatch(
         step=payload["step"],
         temperature=payload["temperature"],

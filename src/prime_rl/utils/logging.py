@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from prime_rl import run_dir
+
 FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
 # Set by `rl` for its children: it already sends their stderr to logs/<name>.log.
 LOG_FILE_BY_PARENT_ENV = "PRIMERL_LOG_FILE_BY_PARENT"
@@ -29,7 +31,7 @@ def setup_logging(name: str, output_dir: Path | None = None, level: str = "INFO"
     stream.setFormatter(formatter)
     root.addHandler(stream)
     if output_dir is not None and not os.environ.get(LOG_FILE_BY_PARENT_ENV):
-        log_file = Path(output_dir) / "logs" / f"{name}.log"
+        log_file = run_dir.log_file(output_dir, name)
         log_file.parent.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(log_file)
         file_handler.setFormatter(formatter)

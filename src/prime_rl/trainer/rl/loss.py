@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,10 +76,15 @@ from pydantic import TypeAdapter
 from torch import Tensor
 
 from prime_rl.configs.loss import (
+    LOSSES,
+    BnpoLossConfig,
     CispoLossConfig,
     CustomLossConfig,
+    DapoLossConfig,
     DefaultLossConfig,
+    DrGrpoLossConfig,
     FipoLossConfig,
+    GrpoLossConfig,
     GspoLossConfig,
     GspoTokenLossConfig,
     IsReshapeLossConfig,
@@ -87,9 +92,9 @@ from prime_rl.configs.loss import (
     PPOClipConfig,
     SapoLossConfig,
     VanillaLossConfig,
-    import_loss_function,
 )
 from prime_rl.utils.errors import ConfigError
+from prime_rl.utils.imports import import_callable
 
 # --------------------------------------------------------------------------------------
 # Public data types
@@ -367,6 +372,7 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
+@LOSSES.implements(DefaultLossConfig)
 def default_loss(cfg: DefaultLossConfig, p: _Prepared) -> _Term:
     """AIPO / masked importance sampling.
 
@@ -401,6 +407,7 @@ def default_loss(cfg: DefaultLossConfig, p: _Prepared) -> _Term:
     return _Term(loss, gate, clip_low, clip_high, extra)
 
 
+@LOSSES.implements(SapoLossConfig)
 def sapo_loss(cfg: SapoLossConfig, p: _Prepared) -> _Term:
     """SAPO: l_t = -f(r_t) Â_t, f(r) = (4/tau) sigmoid(tau (r - 1)), tau = tau_pos if Â > 0 else tau_neg.
 
@@ -417,6 +424,7 @@ def sapo_loss(cfg: SapoLossConfig, p: _Prepared) -> _Term:
     return _Term(loss, gate, none, none)
 
 
+@LOSSES.implements(CispoLossConfig)
 def cispo_loss(cfg: CispoLossConfig, p: _Prepared) -> _Term:
     """CISPO: l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t lp_t (no lower bound when eps_low is None).
 
@@ -432,6 +440,7 @@ def cispo_loss(cfg: CispoLossConfig, p: _Prepared) -> _Term:
     return _Term(loss, gate, clip_low, clip_high)
 
 
+@LOSSES.implements(VanillaLossConfig)
 def vanilla_loss(cfg: VanillaLossConfig, p: _Prepared) -> _Term:
     """Plain importance-sampled policy gradient: l_t = -r_t A_t."""
     none = torch.zeros_like(p.mask)
@@ -448,6 +457,7 @@ def _opsm_keep(cfg: PPOClipConfig, p: _Prepared) -> Tensor:
     return ~((p.adv < 0) & broadcast_to_tokens(drift > cfg.opsm_delta, p.sample_lens))
 
 
+@LOSSES.implements(GrpoLossConfig, BnpoLossConfig, DrGrpoLossConfig, DapoLossConfig)
 def ppo_clip_loss(cfg: PPOClipConfig, p: _Prepared, ratio: Tensor | None = None) -> _Term:
     """GRPO / BNPO / Dr. GRPO / DAPO (they differ in eps and normalization only):
 
@@ -479,6 +489,7 @@ def ppo_clip_loss(cfg: PPOClipConfig, p: _Prepared, ratio: Tensor | None = None)
     return _Term(loss, gate, clip_low, clip_high, extra)
 
 
+@LOSSES.implements(GspoLossConfig, GspoTokenLossConfig)
 def gspo_loss(cfg: GspoLossConfig, p: _Prepared) -> _Term:
     """GSPO: s_i = exp(mean_{t in i} log r_t) (gradient flows through it), per token
     l_t = -min(s_i A_t, clip(s_i, 1 - eps_low, 1 + eps_high) A_t).
@@ -500,6 +511,7 @@ def gspo_loss(cfg: GspoLossConfig, p: _Prepared) -> _Term:
     return _Term(loss, gate, clip_low, clip_high, {"loss/sequence_ratio": _metric(sd, p.mask)})
 
 
+@LOSSES.implements(FipoLossConfig)
 def fipo_loss(cfg: FipoLossConfig, p: _Prepared) -> _Term:
     """FIPO: l_t = f_t * l_t^DAPO with the future influence
     f_t = clip(exp(sum_{k >= t} gamma^(k - t) log r_k), 1 - eps_f, 1 + eps_f) over the sample's
@@ -540,6 +552,7 @@ def _log_ratio_variance(p: _Prepared) -> float:
     return max(sigma2, 0.0)  # max: rounding can make a zero variance slightly negative
 
 
+@LOSSES.implements(IsReshapeLossConfig)
 def is_reshape_loss(cfg: IsReshapeLossConfig, p: _Prepared) -> _Term:
     """Rényi IS reshape: l_t = -w_g A with w_g = exp(gamma_t log w_t), log w = lp - lq and
 
@@ -575,11 +588,12 @@ def is_reshape_loss(cfg: IsReshapeLossConfig, p: _Prepared) -> _Term:
     return _Term(loss, gate, torch.zeros_like(p.mask), clip_high, extra)
 
 
+@LOSSES.implements(CustomLossConfig)
 def custom_loss(cfg: CustomLossConfig, p: _Prepared) -> _Term:
     """User function `fn(inputs, **kwargs)` returning per-token losses [T], a summed loss (0-dim),
     or `(loss, metrics)` with per-token metric tensors [T] (logged as `loss/<name>`, averaged over
     trained tokens). The framework masks and normalizes; it reports no soft gate for it."""
-    fn = import_loss_function(cfg.import_path)
+    fn = import_callable(cfg.import_path)
     result = fn(p.inputs, **cfg.kwargs)
     user_metrics: dict[str, Tensor] = {}
     if isinstance(result, tuple):
@@ -602,26 +616,6 @@ def custom_loss(cfg: CustomLossConfig, p: _Prepared) -> _Term:
     extra = {f"loss/{name.removeprefix('loss/')}": _metric(value, p.mask) for name, value in user_metrics.items()}
     none = torch.zeros_like(p.mask)
     return _Term(loss, torch.zeros_like(p.r), none, none, extra)
-
-
-_VARIANTS: dict[str, Callable[[Any, _Prepared], _Term]] = {
-    "default": default_loss,
-    "sapo": sapo_loss,
-    "cispo": cispo_loss,
-    "vanilla": vanilla_loss,
-    "grpo": ppo_clip_loss,
-    "bnpo": ppo_clip_loss,
-    "dr_grpo": ppo_clip_loss,
-    "dapo": ppo_clip_loss,
-    "gspo": gspo_loss,
-    "gspo_token": gspo_loss,
-    "fipo": fipo_loss,
-    "is_reshape": is_reshape_loss,
-    "custom": custom_loss,
-}
-
-_NEEDS_LOG_RATIO_MOMENTS = frozenset({"is_reshape"})
-"""Variants whose loss depends on `LossScale.log_ratio_moments` (a statistic of the whole step)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -721,10 +715,8 @@ class Loss:
 
     def __init__(self, config: Any):
         self.config = parse_loss_config(config)
-        self._variant = _VARIANTS[self.config.type]
-        self.needs_log_ratio_moments = self.config.type in _NEEDS_LOG_RATIO_MOMENTS
-        if self.config.type == "custom":
-            import_loss_function(self.config.import_path)  # fail now, not at the first step
+        self._variant = LOSSES.implementation(self.config.type)
+        self.needs_log_ratio_moments = self.config.needs_log_ratio_moments
 
     def __call__(self, inputs: LossInputs, scale: LossScale) -> LossOutputs:
         cfg = self.config

@@ -8,8 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from prime_rl.configs.base import BaseConfig
-from prime_rl.configs.shared import CkptConfig, RunConfig
-from prime_rl.trainer.config import ModelInitConfig, OptimConfig, SchedulerConfig, TrainerModelOptions
+from prime_rl.trainer.config import ModelInitConfig, OptimConfig, TrainingConfig
 
 
 class SFTDataConfig(BaseConfig):
@@ -27,7 +26,7 @@ class SFTDataConfig(BaseConfig):
         if (self.path is None) == (self.env is None):
             raise ValueError("set exactly one of data.path (a JSONL file) or data.env (an environment id)")
         if self.env is not None:
-            from prime_rl.orchestrator.envs import load_env
+            from prime_rl.envs import load_env
             from prime_rl.utils.errors import UserError
 
             try:  # unknown ids and bad arguments fail at config time, before the model loads
@@ -48,7 +47,7 @@ class SFTEvalConfig(BaseConfig):
     """Generation budget per example."""
 
 
-class SFTConfig(RunConfig):
+class SFTConfig(TrainingConfig):
     """sft: supervised fine-tuning on chat data (loss on assistant tokens only)."""
 
     command = "sft"
@@ -62,17 +61,9 @@ class SFTConfig(RunConfig):
     micro_batch_rows: Annotated[int, Field(ge=1)] = 16
     """Packed rows per forward/backward (more is faster on small models, uses more memory)."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-3))
-    """Optimizer."""
-    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    """Learning-rate schedule."""
-    ckpt: CkptConfig = Field(default_factory=CkptConfig)
-    """Checkpointing and resume."""
-    runtime: TrainerModelOptions = Field(default_factory=TrainerModelOptions)
-    """dtype, attention kernel, activation checkpointing, compile."""
+    """Optimizer (sft's default lr is 1e-3)."""
     weights_interval: Annotated[int, Field(ge=1)] | None = None
     """Write weights/step_N every this many steps (always at the end); none: only at the end."""
-    keep_weights: Annotated[int, Field(ge=1)] | None = 3
-    """Keep only the newest this many weights/step_N directories (none: keep all)."""
     eval: SFTEvalConfig = Field(default_factory=SFTEvalConfig)
     """Optional greedy evaluation (metric eval/reward)."""
 

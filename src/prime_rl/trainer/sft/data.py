@@ -98,7 +98,7 @@ def conversation_stream(config: SFTDataConfig, seed: int) -> Iterator[Messages]:
             random.Random(seed + epoch).shuffle(order)
             yield from (data[i] for i in order)
             epoch += 1
-    from prime_rl.orchestrator.envs import load_env
+    from prime_rl.envs import load_env
 
     env = load_env(config.env, **config.env_args)
     for example in env.examples(seed):

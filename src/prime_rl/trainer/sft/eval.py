@@ -48,7 +48,7 @@ def greedy_generate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt
 def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, data: SFTDataConfig, config: SFTEvalConfig,
              seed: int) -> dict[str, float]:
     """`eval/reward` (mean environment reward of greedy answers) and `eval/completion_len`."""
-    from prime_rl.orchestrator.envs import load_env
+    from prime_rl.envs import load_env
 
     env = load_env(data.env, **data.env_args)
     examples = list(islice(env.examples(seed + EVAL_SEED_OFFSET), config.num_examples))

@@ -1,6 +1,6 @@
 """Environments: prompts with answers, and the reward functions that score completions.
 
-    from prime_rl.orchestrator.envs import load_env
+    from prime_rl.envs import load_env
     env = load_env("reverse-text", min_len=5, max_len=12)
     example = next(env.examples(seed=0))
     reward = await env.score(example, completion_text)   # Reward(total, components)
@@ -8,7 +8,8 @@
 See docs/orchestrator.md for the built-ins and how to add one.
 """
 
-from prime_rl.orchestrator.envs.base import Environment, Example, Reward, SyntheticEnvironment
-from prime_rl.orchestrator.envs.registry import ENVIRONMENTS, load_env, register_env
+from prime_rl.envs import alphabet_sort, arithmetic, reverse_text  # noqa: E402, F401  (each registers its built-in)
+from prime_rl.envs.base import Environment, Example, Reward, SyntheticEnvironment
+from prime_rl.envs.registry import ENVIRONMENTS, load_env, register_env
 
 __all__ = ["ENVIRONMENTS", "Environment", "Example", "Reward", "SyntheticEnvironment", "load_env", "register_env"]

@@ -1,9 +1,10 @@
 """The environment registry: id -> class, and `load_env(id, **args)`.
 
-Add a built-in by writing an `Environment` subclass with an `id` and keyword
-constructor arguments (the TOML `args` table), then listing it in `ENVIRONMENTS`.
-Your own environment class can also be named by import path, `id = "my_pkg.envs:MyEnv"`,
-without touching this package.
+An environment class is its own config and implementation: its `id` is the name, its
+keyword constructor arguments are the TOML `args` table. Add a built-in by writing an
+`Environment` subclass in this package with `@register_env` (and importing its module in
+`__init__.py`). Your own class needs no registration: name it by import path,
+`id = "my_pkg.envs:MyEnv"`.
 """
 
 from __future__ import annotations
@@ -11,21 +12,21 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from prime_rl.configs.loss import import_loss_function
-from prime_rl.orchestrator.envs.alphabet_sort import AlphabetSortEnv
-from prime_rl.orchestrator.envs.arithmetic import ArithmeticEnv
-from prime_rl.orchestrator.envs.base import Environment
-from prime_rl.orchestrator.envs.reverse_text import ReverseTextEnv
-from prime_rl.orchestrator.envs.verifiers_env import load_verifiers_env
+from prime_rl.envs.base import Environment
+from prime_rl.envs.verifiers_env import load_verifiers_env
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.imports import import_object
 
-ENVIRONMENTS: dict[str, type[Environment]] = {cls.id: cls for cls in (ReverseTextEnv, AlphabetSortEnv, ArithmeticEnv)}
+ENVIRONMENTS: dict[str, type[Environment]] = {}
+"""The built-in environments by id (filled by `@register_env` when `prime_rl.envs` is imported)."""
 
 
 def register_env(cls: type[Environment]) -> type[Environment]:
-    """Register an environment class under its `id` (usable as a decorator)."""
+    """Class decorator: register an environment class under its `id` (an id is registered once)."""
     if not getattr(cls, "id", None):
         raise ValueError(f"{cls.__name__} needs a class attribute 'id'")
+    if ENVIRONMENTS.get(cls.id, cls) is not cls:
+        raise ValueError(f"environment '{cls.id}' is registered twice ({ENVIRONMENTS[cls.id].__name__}, {cls.__name__})")
     ENVIRONMENTS[cls.id] = cls
     return cls
 
@@ -58,7 +59,7 @@ def _check_args(cls: type[Environment], env_id: str, args: dict[str, Any]) -> No
 def import_env_class(import_path: str) -> type[Environment]:
     """'pkg.module:Class' -> the Environment subclass; UserError otherwise."""
     try:
-        cls = import_loss_function(import_path)  # the same import rules as custom losses and advantages
+        cls = import_object(import_path)  # the same import rules as custom losses and advantages
     except ValueError as exc:
         raise UserError(f"environment {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, Environment)):

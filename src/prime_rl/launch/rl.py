@@ -22,17 +22,26 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prime_rl.configs.cli import run_main
-from prime_rl.configs.rl import RLConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.launch import output_dir
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
-from prime_rl.monitor.monitor import METRICS_FILE
+from prime_rl.launch.rl_config import COMPONENTS, RLConfig
 from prime_rl.monitor.sinks import drop_steps_from
-from prime_rl.run_dir import ORCHESTRATOR, TRAINER, remove_temporaries, resolve_resume_step
+from prime_rl.run_dir import (
+    ORCHESTRATOR,
+    TRAINER,
+    config_file,
+    discard_after,
+    log_file,
+    metrics_file,
+    metrics_plot,
+    remove_temporaries,
+    resolve_resume_step,
+    weights_root,
+)
 from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import ConfigError, PrimeError
-from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 
 POLL_S = 0.25
@@ -77,9 +86,8 @@ def resume_from(config: RLConfig) -> int | None:
     for component in (config, config.trainer, config.orchestrator):
         object.__setattr__(component.ckpt, "resume_step", wanted)
     remove_temporaries(config.output_dir)
-    remove_steps_from(config.output_dir / "rollouts", wanted)
-    remove_steps_from(config.output_dir / "weights", wanted + 1)
-    drop_steps_from(config.output_dir / METRICS_FILE, wanted, ("trainer", "orchestrator"))
+    discard_after(config.output_dir, wanted)
+    drop_steps_from(metrics_file(config.output_dir), wanted, ("trainer", "orchestrator"))
     return wanted
 
 
@@ -133,17 +141,20 @@ def failure(child: Child, run_dir: Path) -> ComponentFailed:
     return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}")
 
 
-def component_commands(config: RLConfig, config_dir: Path) -> dict[str, list[str]]:
+def component_commands(config: RLConfig) -> dict[str, list[str]]:
+    """Each component's command line, reading its config from `configs/<component>.toml`."""
     python = sys.executable
-    trainer_module = ["-m", "prime_rl.trainer.rl.train", "@", str(config_dir / "trainer.toml")]
+    out = config.output_dir
+    trainer_module = ["-m", "prime_rl.trainer.rl.train", "@", str(config_file(out, "trainer"))]
     if config.trainer.num_processes > 1:
         trainer = [python, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={config.trainer.num_processes}", *trainer_module]
     else:
         trainer = [python, *trainer_module]
     return {
-        "inference": [python, "-m", "prime_rl.inference.server", "@", str(config_dir / "inference.toml")],
-        "orchestrator": [python, "-m", "prime_rl.orchestrator.orchestrator", "@", str(config_dir / "orchestrator.toml")],
+        "inference": [python, "-m", "prime_rl.inference.server", "@", str(config_file(out, "inference"))],
+        "orchestrator": [python, "-m", "prime_rl.orchestrator.orchestrator", "@",
+                         str(config_file(out, "orchestrator"))],
         "trainer": trainer,
     }
 
@@ -246,28 +257,27 @@ def launch(config: RLConfig) -> None:
     config.inference.port = port
     config.orchestrator.client.base_url = f"http://{config.inference.host}:{config.inference.port}/v1"
     config.orchestrator.trainer_world_size = config.trainer.num_processes
-    config.inference.weight_dirs = [*config.inference.weight_dirs, (config.output_dir / "weights").absolute()]
+    config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
 
-    config_dir = config.output_dir / "configs"
-    for name in ("inference", "orchestrator", "trainer"):
-        write_toml(config_dir / f"{name}.toml", getattr(config, name).model_dump(mode="json"))
+    for name in COMPONENTS:
+        write_toml(config_file(config.output_dir, name), getattr(config, name).model_dump(mode="json"))
     # Without `overwrite`: running this file again must not delete the run it describes.
-    write_toml(config_dir / "rl.toml", config.model_dump(mode="json", exclude={"overwrite"}))
+    write_toml(config_file(config.output_dir, "rl"), config.model_dump(mode="json", exclude={"overwrite"}))
 
-    logs = config.output_dir / "logs"
-    commands = component_commands(config, config_dir)
+    commands = component_commands(config)
     devices = {"inference": inference_devices, "orchestrator": "", "trainer": trainer_devices}
     children = {
-        name: Child(name, commands[name], logs / f"{name}.log", child_env(devices[name], key_env.get(name)))
+        name: Child(name, commands[name], log_file(config.output_dir, name),
+                    child_env(devices[name], key_env.get(name)))
         for name in commands
     }
     signal.signal(signal.SIGTERM, _interrupt)
 
-    tail = MetricsTail(config.output_dir / METRICS_FILE)
+    tail = MetricsTail(metrics_file(config.output_dir))
     view = None
     interrupted = False
     try:
-        console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {logs}")
+        console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {log_file(config.output_dir, 'rl').parent}")
         if resumed is not None:
             console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
         children["inference"].start()
@@ -290,7 +300,7 @@ def launch(config: RLConfig) -> None:
         raise SystemExit(130)
 
     tail.poll()
-    plot = write_plot(tail, config.output_dir / "metrics.png")
+    plot = write_plot(tail, metrics_plot(config.output_dir))
     for line in summary_lines(tail, time.monotonic() - start, config.output_dir):
         console.print(line)
     if plot is not None:

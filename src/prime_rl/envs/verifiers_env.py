@@ -24,7 +24,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from prime_rl.orchestrator.envs.base import Environment, Example, Reward
+from prime_rl.envs.base import Environment, Example, Reward
 from prime_rl.utils.errors import PrimeError, UserError
 
 ROW_KEY = "verifiers_row"  # Example.info key: the dataset row the example came from

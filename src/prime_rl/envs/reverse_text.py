@@ -12,10 +12,12 @@ from __future__ import annotations
 import random
 import string
 
-from prime_rl.orchestrator.envs.base import Example, Reward, SyntheticEnvironment, chat_prompt, require
-from prime_rl.orchestrator.envs.rewards import lcs_ratio
+from prime_rl.envs.base import Example, Reward, SyntheticEnvironment, chat_prompt, require
+from prime_rl.envs.registry import register_env
+from prime_rl.envs.rewards import lcs_ratio
 
 
+@register_env
 class ReverseTextEnv(SyntheticEnvironment):
     id = "reverse-text"
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import random
 
-from prime_rl.orchestrator.envs.base import Example, Reward, SyntheticEnvironment, chat_prompt, require
+from prime_rl.envs.base import Example, Reward, SyntheticEnvironment, chat_prompt, require
+from prime_rl.envs.registry import register_env
 
 SYSTEM_PROMPT = "Compute."
 OPERATORS = {"+": lambda a, b: a + b, "*": lambda a, b: a * b, "-": lambda a, b: a - b}
 
 
+@register_env
 class ArithmeticEnv(SyntheticEnvironment):
     id = "arithmetic"
 

@@ -1,0 +1,80 @@
+"""`[orchestrator.advantage]`: a discriminated union on `type`, one pydantic model per advantage type.
+
+Every type is registered in `ADVANTAGES` (`@ADVANTAGES.config`); its function, in
+`prime_rl.orchestrator.advantage`, registers with `@ADVANTAGES.implements(ItsConfig)` and is
+called as `fn(rewards, **fields)` with the config's fields other than `type`. See
+docs/orchestrator.md for the formulas.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.registry import Registry
+from prime_rl.utils.imports import import_callable
+
+ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.orchestrator.advantage")
+
+
+class _AdvantageBase(BaseConfig):
+    compares_rollouts: ClassVar[bool] = True
+    """True for a group-relative type: it compares the rollouts of one prompt, so it needs at least 2 of them."""
+
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments of the implementation: every field but `type`."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name != "type"}
+
+
+@ADVANTAGES.config
+class GrpoAdvantageConfig(_AdvantageBase):
+    """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within each group (sample std)."""
+
+    type: Literal["grpo"] = "grpo"
+    std_normalize: bool = True
+    """Divide by the group's standard deviation (false: Dr. GRPO's plain r - mean)."""
+
+
+@ADVANTAGES.config
+class DrGrpoAdvantageConfig(_AdvantageBase):
+    """Dr. GRPO: A_i = r_i - mean(r) within each group."""
+
+    type: Literal["dr_grpo"] = "dr_grpo"
+
+
+@ADVANTAGES.config
+class RlooAdvantageConfig(_AdvantageBase):
+    """RLOO: A_i = r_i - mean_{j != i} r_j (leave-one-out baseline) within each group."""
+
+    type: Literal["rloo"] = "rloo"
+
+
+@ADVANTAGES.config
+class RppBaselineAdvantageConfig(_AdvantageBase):
+    """REINFORCE++-baseline: a_i = r_i - mean(r) within each group, then whitened over the whole batch."""
+
+    type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"
+
+
+@ADVANTAGES.config
+class CustomAdvantageConfig(_AdvantageBase):
+    """A user function fn(rewards [groups, rollouts], **kwargs) -> advantages [groups, rollouts]."""
+
+    type: Literal["custom"] = "custom"
+    compares_rollouts: ClassVar[bool] = False
+    import_path: str
+    """'pkg.module:function' or 'pkg.module.function'."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to the function."""
+
+    @field_validator("import_path")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        import_callable(value)  # same import rules (and errors) as custom losses
+        return value
+
+
+AdvantageConfig = ADVANTAGES.union()
+"""The `[orchestrator.advantage]` section: one of the registered types, selected by `type`."""

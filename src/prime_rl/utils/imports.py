@@ -1,0 +1,43 @@
+"""`import_object("pkg.module:attr")`: the one way prime-rl imports user code named in a config.
+
+Used for custom losses, custom advantages and environment classes. A path is resolved once
+per process (cached), so a config validator that checks it and the code that calls it share
+one import.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+
+@functools.cache
+def import_object(import_path: str) -> Any:
+    """The attribute `attr` of module `pkg.module` named by 'pkg.module:attr' (or 'pkg.module.attr').
+
+    A ValueError naming the path when it is malformed, its module fails to import (whatever the
+    module raised), or the module has no such attribute. Failures are not cached.
+    """
+    if ":" in import_path:
+        module_name, _, attr = import_path.partition(":")
+    else:
+        module_name, _, attr = import_path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"import path {import_path!r} must look like 'pkg.module:name' or 'pkg.module.name'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an ImportError or whatever the module raises on import
+        raise ValueError(f"cannot import module {module_name!r} of {import_path!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no {attr!r} ({import_path!r})") from None
+
+
+def import_callable(import_path: str) -> Any:
+    """`import_object` that must give a callable (a function or a class)."""
+    obj = import_object(import_path)
+    if not callable(obj):
+        raise ValueError(f"{import_path!r} is a {type(obj).__name__}, not a function or class")
+    return obj

@@ -1,0 +1,61 @@
+"""The CUDA paths, where a GPU is present (`gpu` marker; skipped elsewhere): the trainer in bf16 mixed
+precision on one CUDA rank (NCCL group) and the builtin engine on the GPU.
+
+On a GPU machine the rest of the suite also runs its trainer and engine on CUDA; these tests
+check what only a GPU has (the device, bf16, peak memory, MFU), so a CPU-only run cannot hide a break.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from prime_rl.inference.builtin.engine import Engine, SamplingParams
+from prime_rl.run_dir import metrics_file, weights_dir
+from prime_rl.trainer.config import TrainerConfig
+from prime_rl.trainer.perf import peak_flops
+from prime_rl.trainer.rl.train import train
+from synthetic_batches import random_step, write_random_step
+
+pytestmark = pytest.mark.gpu
+VOCAB = 99  # the char tokenizer of tiny_model_dir
+
+
+def test_trainer_steps_in_bf16_on_cuda(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    for step in range(2):
+        write_random_step(out, step, 1, random_step(VOCAB, step, 2))
+    config = TrainerConfig.build([], {"model": {"name": str(tiny_model_dir)}, "output_dir": str(out), "max_steps": 2,
+                                      "seq_len": 64, "wandb": {"mode": "disabled"}, "batch_timeout_s": 30.0})
+    assert config.runtime.dtype == "auto"  # bf16 mixed precision on a GPU
+    train(config)
+
+    lines = [json.loads(line) for line in metrics_file(out).read_text().splitlines()]
+    trainer = [m for m in lines if m["source"] == "trainer"]
+    assert [m["step"] for m in trainer] == [0, 1]
+    for m in trainer:
+        assert m["perf/peak_memory_gib"] > 0
+        if peak_flops(torch.device("cuda")) is not None:  # a GPU whose peak FLOP/s the trainer knows
+            assert 0 < m["perf/mfu"] < 1
+        assert all(math.isfinite(m[k]) for k in ("loss/total", "optim/grad_norm", "loss/importance_ratio"))
+    first, second = (load_file(weights_dir(out, step) / "model.safetensors") for step in (1, 2))
+    assert all(t.device.type == "cpu" and t.is_floating_point() for t in second.values())
+    assert any(not torch.equal(first[k], second[k]) for k in first)
+
+
+def test_builtin_engine_generates_on_cuda(tiny_model_dir):
+    engine = Engine(str(tiny_model_dir), context_len=128, seed=0, device="auto", max_batch_size=4)
+    try:
+        assert engine.device.type == "cuda"
+        prompt = engine.tokenizer("abc", add_special_tokens=False)["input_ids"]
+        completions = engine.submit(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=1), n=3).result(timeout=120)
+        assert len(completions) == 3
+        for c in completions:
+            assert 1 <= len(c.token_ids) == len(c.logprobs) <= 8
+            assert all(math.isfinite(lp) and lp <= 0 for lp in c.logprobs)
+    finally:
+        engine.close()
