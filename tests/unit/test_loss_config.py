@@ -134,7 +134,7 @@ def test_kl_and_entropy_terms():
     [
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
         ("math:no_such_fn", "module 'math' has no 'no_such_fn'"),
-        ("math:pi", "'math:pi' is a float, not a function or class"),
+        ("math:pi", "'math:pi' is not a function or class (it is of type float)"),
         ("justaname", "must look like"),
     ],
 )

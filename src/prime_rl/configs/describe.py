@@ -80,11 +80,21 @@ def _default_text(field: Any) -> str:
     return "" if isinstance(value, BaseModel) else _show(value)
 
 
-def describe(model: type[BaseModel], prefix: str = "", condition: str = "", hide=(), hide_below=()) -> list[KeyDoc]:
+def _default_section(field: Any, name: str, parent: BaseModel | None) -> BaseModel | None:
+    """The default value of the section `name`: from the parent's default when there is one (a parent's
+    default_factory may set other values than the section class's own defaults, e.g. sft's optim.lr)."""
+    value = getattr(parent, name) if parent is not None else (
+        field.default_factory() if field.default_factory is not None else field.default)
+    return value if isinstance(value, BaseModel) else None
+
+
+def describe(model: type[BaseModel], prefix: str = "", condition: str = "", hide=(), hide_below=(),
+             defaults: BaseModel | None = None) -> list[KeyDoc]:
     """Every key of `model`, sections recursed, union variants listed with their condition.
 
     `hide` names keys left out at this level, `hide_below` keys left out one level down
-    (the shared keys `rl` hands to its components).
+    (the shared keys `rl` hands to its components). `defaults`: the section's default value,
+    whose fields are the defaults shown (None: the fields' own defaults).
     """
     rows: list[KeyDoc] = []
     for name, field in model.model_fields.items():
@@ -97,16 +107,20 @@ def describe(model: type[BaseModel], prefix: str = "", condition: str = "", hide
         is_list = typing.get_origin(union_members(field.annotation)[0]) in (list, tuple)
         if models and not is_list and len(models) == 1:
             rows.append(KeyDoc(key, "section", "", description, condition, is_section=True))
-            rows += describe(models[0], f"{key}.", condition, hide=hide_below)
+            rows += describe(models[0], f"{key}.", condition, hide=hide_below,
+                             defaults=_default_section(field, name, defaults))
         elif models and not is_list:
             tags = ",".join(t for m in models if (t := tag_of(m)))
             rows.append(KeyDoc(f"{key}.type", f"{{{tags}}}", "", description, condition))
+            default = _default_section(field, name, defaults)
             for variant in models:
-                variant_rows = describe(variant, f"{key}.", f"{key}.type={tag_of(variant)}")
+                variant_rows = describe(variant, f"{key}.", f"{key}.type={tag_of(variant)}",
+                                        defaults=default if type(default) is variant else None)
                 rows += [row for row in variant_rows if row.key != f"{key}.type"]
         else:
             type_text = f"list of {'|'.join(m.__name__ for m in models)} tables" if models else _type_name(field.annotation)
-            rows.append(KeyDoc(key, type_text, _default_text(field), description, condition))
+            shown = _default_text(field) if defaults is None else _show(getattr(defaults, name))
+            rows.append(KeyDoc(key, type_text, shown, description, condition))
     return rows
 
 

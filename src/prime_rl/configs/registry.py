@@ -29,6 +29,13 @@ Impl = TypeVar("Impl")
 C = TypeVar("C", bound=type[BaseModel])
 
 
+def same_definition(a: object, b: object) -> bool:
+    """True when `a` and `b` are the same class or function, or one definition run twice (a module
+    re-imported after it failed half-way, or reloaded): a registry may replace such an entry."""
+    return a is b or (getattr(a, "__module__", None) == getattr(b, "__module__", None)
+                      and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None))
+
+
 def registered_name(config_cls: type[BaseModel]) -> str:
     """The name a config class registers under: its `type` field's default, else its `name` attribute."""
     field = config_cls.model_fields.get("type")
@@ -46,17 +53,21 @@ class Registry(Generic[Impl]):
         self.implemented_in = implemented_in
         self.configs: dict[str, type[BaseModel]] = {}
         self._implementations: dict[str, Impl] = {}
+        self._union_built = False
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.configs)
 
     def config(self, config_cls: C) -> C:
-        """Class decorator: register a config class under its name (a name is registered once)."""
+        """Class decorator: register a config class under its name (a name is registered once), before the
+        union is built."""
         name = registered_name(config_cls)
-        if name in self.configs:
+        if name in self.configs and not same_definition(self.configs[name], config_cls):
             raise ValueError(f"{self.kind} '{name}' is registered twice ({self.configs[name].__name__}, "
                              f"{config_cls.__name__})")
+        if self._union_built and name not in self.configs:
+            raise ValueError(f"{self.kind} '{name}' is registered after its config union was built")
         self.configs[name] = config_cls
         return config_cls
 
@@ -68,7 +79,7 @@ class Registry(Generic[Impl]):
                 name = registered_name(config_cls)
                 if self.configs.get(name) is not config_cls:
                     raise ValueError(f"{config_cls.__name__} is not a registered {self.kind} config")
-                if name in self._implementations:
+                if name in self._implementations and not same_definition(self._implementations[name], implementation):
                     raise ValueError(f"{self.kind} '{name}' has two implementations")
                 self._implementations[name] = implementation
             return implementation
@@ -85,6 +96,7 @@ class Registry(Generic[Impl]):
 
     def union(self) -> Any:
         """The pydantic type of a config section of this kind: the registered classes, told apart by `type`."""
+        self._union_built = True
         return Annotated[Union[tuple(self.configs.values())], Field(discriminator="type")]  # noqa: UP007
 
     def drift(self) -> list[str]:

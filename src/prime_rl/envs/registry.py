@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from prime_rl.configs.registry import same_definition
 from prime_rl.envs.base import Environment
 from prime_rl.envs.verifiers_env import load_verifiers_env
 from prime_rl.utils.errors import UserError
@@ -22,10 +23,11 @@ ENVIRONMENTS: dict[str, type[Environment]] = {}
 
 
 def register_env(cls: type[Environment]) -> type[Environment]:
-    """Class decorator: register an environment class under its `id` (an id is registered once)."""
+    """Class decorator: register an environment class under its `id`. An id belongs to one class; the same
+    class defined again (its module re-imported or reloaded) replaces its earlier self."""
     if not getattr(cls, "id", None):
         raise ValueError(f"{cls.__name__} needs a class attribute 'id'")
-    if ENVIRONMENTS.get(cls.id, cls) is not cls:
+    if not same_definition(ENVIRONMENTS.get(cls.id, cls), cls):
         raise ValueError(f"environment '{cls.id}' is registered twice ({ENVIRONMENTS[cls.id].__name__}, {cls.__name__})")
     ENVIRONMENTS[cls.id] = cls
     return cls

@@ -18,9 +18,6 @@ from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
 # fails with a connection reset (seen as httpx.ReadError at 256 concurrent requests).
 KEEP_ALIVE_S = 120
 
-
-
-
 BACKENDS: Registry[Any] = Registry("inference backend", implemented_in="prime_rl.inference.backends")
 """Each backend's options section (`[inference.<name>]`) and its serve function (`inference/backends.py`)."""
 

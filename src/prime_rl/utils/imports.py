@@ -39,5 +39,5 @@ def import_callable(import_path: str) -> Any:
     """`import_object` that must give a callable (a function or a class)."""
     obj = import_object(import_path)
     if not callable(obj):
-        raise ValueError(f"{import_path!r} is a {type(obj).__name__}, not a function or class")
+        raise ValueError(f"{import_path!r} is not a function or class (it is of type {type(obj).__name__})")
     return obj
