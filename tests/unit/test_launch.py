@@ -94,7 +94,13 @@ def test_stop_all_kills_grandchildren(tmp_path):
 
 
 def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files(tmp_path):
-    from prime_rl.launch.rl import resume_from
+    from prime_rl.launch.rl import clear_after, pin_resume_step
+
+    def resume_from(config):
+        step = pin_resume_step(config)
+        if step is not None:
+            clear_after(config, step)
+        return step
 
     run = tmp_path / "run"
     for step, parts in ((2, ("trainer", "orchestrator")), (3, ("trainer", "orchestrator")), (4, ("trainer",))):

@@ -15,6 +15,7 @@ from prime_rl.inference.config import BACKENDS, KEEP_ALIVE_S, BuiltinConfig, Inf
 from prime_rl.inference.vllm.launch import exec_vllm, vllm_available
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
+from prime_rl.utils.net import listening_socket
 
 
 def resolve_backend(config: InferenceConfig) -> str:
@@ -27,14 +28,10 @@ def resolve_backend(config: InferenceConfig) -> str:
 
 def bind(host: str, port: int) -> socket.socket:
     """Bind the listening socket here, so port 0 resolves to a known port and a busy port is a clear error."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        return listening_socket(host, port)
     except OSError as exc:
-        sock.close()
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    return sock
 
 
 @BACKENDS.implements(BuiltinConfig)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -43,6 +42,7 @@ from prime_rl.run_dir import (
 from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import ConfigError, PrimeError
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
+from prime_rl.utils.net import listening_socket
 
 POLL_S = 0.25
 RUN_PARTS = (TRAINER, ORCHESTRATOR)  # what a checkpoint step of an rl run must hold to resume from
@@ -55,11 +55,8 @@ class ComponentFailed(PrimeError):
 def server_port(host: str, port: int) -> int:
     """Bind `host`:`port` once (0: any free port) and return the port: a host that is no local
     address, or a port in use, is a one-line ConfigError before anything is started or deleted."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
-            sock.bind((host, port))
+        with listening_socket(host, port) as sock:  # as the server binds it
             return sock.getsockname()[1]
     except OSError as exc:  # socket.gaierror included
         where = f"inference.host {host!r}" if port == 0 else f"inference.port {port} on {host!r}"
@@ -71,24 +68,25 @@ def prepare_output_dir(config: RLConfig) -> list[Path]:
     return output_dir.plan(config.output_dir, config.overwrite, config.ckpt.resume_step is not None)
 
 
-def resume_from(config: RLConfig) -> int | None:
-    """Pin `ckpt.resume_step` to one complete (trainer + orchestrator) checkpoint step N.
-
-    'latest' becomes the newest complete step (`run_dir.resolve_resume_step`). What the
-    interrupted run made after N goes, so the resumed processes regenerate it instead of
-    mixing two runs: rollout batches >= N, weights > N, and the metrics.jsonl lines of
-    steps >= N (the progress bar then starts at N). Temporaries of interrupted writes go too.
-    """
+def pin_resume_step(config: RLConfig) -> int | None:
+    """Pin `ckpt.resume_step` of the run and its components to one complete (trainer + orchestrator)
+    checkpoint step N: 'latest' becomes the newest (`run_dir.resolve_resume_step`). Changes no file."""
     wanted = config.ckpt.resume_step
     if wanted is None:
         return None
     wanted = resolve_resume_step(config.output_dir, wanted, RUN_PARTS)
     for component in (config, config.trainer, config.orchestrator):
         object.__setattr__(component.ckpt, "resume_step", wanted)
-    remove_temporaries(config.output_dir)
-    discard_after(config.output_dir, wanted)
-    drop_steps_from(metrics_file(config.output_dir), wanted, ("trainer", "orchestrator"))
     return wanted
+
+
+def clear_after(config: RLConfig, step: int) -> None:
+    """What the interrupted run made after checkpoint `step` goes, so the resumed processes regenerate it
+    instead of mixing two runs: rollout batches >= step, weights > step, and the metrics.jsonl lines of
+    steps >= step (the progress bar then starts there). Temporaries of interrupted writes go too."""
+    remove_temporaries(config.output_dir)
+    discard_after(config.output_dir, step)
+    drop_steps_from(metrics_file(config.output_dir), step, ("trainer", "orchestrator"))
 
 
 def assign_devices(config: RLConfig) -> tuple[str, str]:
@@ -246,12 +244,13 @@ def launch(config: RLConfig) -> None:
     key_env = run_api_key(config)
     # Every check first (the config's own ran at load time); only then change the run directory.
     doomed = prepare_output_dir(config)
-    resolve_resume_step(config.output_dir, config.ckpt.resume_step, RUN_PARTS)
+    resumed = pin_resume_step(config)
     inference_devices, trainer_devices = assign_devices(config)
     port = server_port(config.inference.host, config.inference.port if "port" in config.inference.model_fields_set else 0)
     output_dir.check_writable(config.output_dir)
     output_dir.delete(doomed)
-    resumed = resume_from(config)
+    if resumed is not None:
+        clear_after(config, resumed)
     output_dir.mark(config.output_dir, config.command)
 
     config.inference.port = port
