@@ -12,14 +12,12 @@ leading outside the roots is refused too, and so is anything that is not a regul
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from prime_rl.utils.errors import UserError
-
-STEP_DIR = re.compile(r"^step_(\d+)$")
+from prime_rl.utils.fs import step_number
 
 
 class WeightPathForbidden(UserError):
@@ -89,10 +87,9 @@ def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) 
     except OSError as exc:
         raise UserError(f"cannot read weight path {path}: {exc.strerror}") from None
     if step is None:
-        match = STEP_DIR.match(real.name)
-        if match is None:
+        step = step_number(real.name)
+        if step is None:
             raise UserError(f"cannot tell the weight step of {path}: name it step_N or pass 'step'")
-        step = int(match.group(1))
     if step < 0:
         raise UserError(f"weight step must be >= 0 (got {step})")
     return real, step

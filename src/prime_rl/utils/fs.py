@@ -87,11 +87,17 @@ def step_path(directory: Path, step: int) -> Path:
     return Path(directory) / f"step_{step}"
 
 
+def step_number(name: str) -> int | None:
+    """N of a `step_N` name, else None."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
 def list_steps(directory: Path) -> list[int]:
     """Sorted N of the `step_N` subdirectories of `directory` (temporary names excluded)."""
     if not Path(directory).is_dir():
         return []
-    return sorted(int(m.group(1)) for p in Path(directory).iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+    return sorted(n for p in Path(directory).iterdir() if (n := step_number(p.name)) is not None and p.is_dir())
 
 
 def remove_steps_from(directory: Path, first: int) -> None:
