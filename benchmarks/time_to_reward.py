@@ -8,10 +8,9 @@ Reward curve: the orchestrator's `reward/mean` per step. The gain at step s is t
 steps s-4..s (a 5-step running mean; fewer at the start) minus step 0's reward, and the
 time to a gain g is the wall time from starting `rl` until the orchestrator logged the
 first step whose gain reaches g (`time` of that metrics line). Also reported: the whole
-run's wall time, the final reward (mean of the last 5 steps), and medians per step of the
-trainer's `perf/step_time_s` and `async/wait_for_batch_s`, and of the orchestrator's
-`perf/step_time_s`, `perf/wait_for_weights_s` and `perf/inference_tokens_per_s`, plus the
-trainer's `perf/tokens_per_s`. Run it on a quiet machine: 2 cores are easily disturbed
+run's wall time, when step 0 was logged (start-up + one step), the final reward (mean of
+the last 5 steps), and medians per step of the metrics in `PER_STEP` (absent ones are
+null: an older checkout does not log them). Run it on a quiet machine: 2 cores are easily disturbed
 (the load average before each run is printed).
 """
 
@@ -31,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GAINS = (0.10, 0.15, 0.25)
 WINDOW = 5
 PER_STEP = {
-    "trainer": ("perf/step_time_s", "async/wait_for_batch_s", "perf/tokens_per_s"),
-    "orchestrator": ("perf/step_time_s", "perf/wait_for_weights_s", "perf/inference_tokens_per_s"),
+    "trainer": ("perf/step_time_s", "async/wait_for_batch_s", "perf/tokens_per_s", "perf/trainer_idle_frac"),
+    "orchestrator": ("perf/step_time_s", "perf/wait_for_weights_s", "perf/inference_tokens_per_s",
+                     "async/inference_idle_frac", "async/token_lag_mean", "async/token_lag_max"),
 }
 
 
@@ -59,10 +59,11 @@ def time_to_gains(rows: list[dict], start: float, gains=GAINS) -> dict[str, floa
 
 
 def summarize(rows: list[dict], start: float, end: float) -> dict:
-    rewards = [r["reward/mean"] for r in sorted(rows, key=lambda r: r["step"])
-               if r["source"] == "orchestrator" and "reward/mean" in r]
+    steps = sorted((r for r in rows if r["source"] == "orchestrator" and "reward/mean" in r), key=lambda r: r["step"])
+    rewards = [r["reward/mean"] for r in steps]
     result = {
         "wall_s": round(end - start, 1),
+        "first_step_s": round(steps[0]["time"] - start, 1) if steps else None,  # start-up + step 0
         "steps": len(rewards),
         "first_reward": round(rewards[0], 4) if rewards else None,
         "final_reward_last5": round(statistics.fmean(rewards[-WINDOW:]), 4) if rewards else None,

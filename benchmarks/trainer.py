@@ -3,6 +3,7 @@
     uv run python benchmarks/trainer.py                  # CPU: tiny (0.8M) and 50m presets
     uv run python benchmarks/trainer.py --preset 0.5b    # GPU: ~0.6B Qwen3 architecture, MFU
     uv run python benchmarks/trainer.py --preset tiny --steps 6 --micro-batches 8
+    uv run python benchmarks/trainer.py --preset tiny --row-lens 256,1024,4096   # cost per token vs row length
 
 Each preset writes a randomly initialised Qwen3-architecture model (char tokenizer; the
 vocabulary is padded to the preset's size so the LM head costs what it would in a real
@@ -11,6 +12,11 @@ run directory, runs the real trainer in-process for `--steps` steps, and reports
 median over the steps after the first (warm-up) of `perf/step_time_s`,
 `perf/tokens_per_s` and `perf/mfu` as the trainer itself logged them. Tokens are all
 tokens of the packed rows (prompt + completion), forward + backward + optimizer step.
+
+`--row-lens` repeats a preset with rows of each length (the same samples, as many per row
+as fit, the same tokens per step) and adds `cost_per_token_vs_first`: what a token costs
+relative to the first row length. Attention never crosses a sample (trainer/attention_layout.py),
+so this should stay near 1.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -110,10 +116,25 @@ def main() -> None:
                         help="repeatable; default: tiny and 50m on CPU, 0.5b on GPU")
     parser.add_argument("--steps", type=int, default=4, help="trainer steps per preset (the first is warm-up)")
     parser.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: preset's)")
+    parser.add_argument("--row-lens", default=None, help="comma-separated row lengths in tokens, e.g. 256,1024,4096")
     args = parser.parse_args()
     presets = args.preset or (["0.5b"] if torch.cuda.is_available() else ["tiny", "50m"])
     for name in presets:
-        print(json.dumps(run_preset(name, PRESETS[name], max(args.steps, 2), args.micro_batches)), flush=True)
+        preset = PRESETS[name]
+        if not args.row_lens:
+            print(json.dumps(run_preset(name, preset, max(args.steps, 2), args.micro_batches)), flush=True)
+            continue
+        sample_len = preset.prompt_len + preset.completion_len
+        step_tokens = max(int(n) for n in args.row_lens.split(","))
+        first = None
+        for row_len in (int(n) for n in args.row_lens.split(",")):
+            per_row = max(1, row_len // sample_len)
+            shaped = replace(preset, samples=per_row)
+            result = run_preset(name, shaped, max(args.steps, 2), max(1, step_tokens // (per_row * sample_len)))
+            first = first or result["step_time_s"] / result["tokens_per_step"]
+            result |= {"row_len": per_row * sample_len,
+                       "cost_per_token_vs_first": round(result["step_time_s"] / result["tokens_per_step"] / first, 3)}
+            print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

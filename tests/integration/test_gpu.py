@@ -59,3 +59,27 @@ def test_builtin_engine_generates_on_cuda(tiny_model_dir):
             assert all(math.isfinite(lp) and lp <= 0 for lp in c.logprobs)
     finally:
         engine.close()
+
+
+@torch.no_grad()
+def test_flash_attention_layout_matches_sdpa_on_shared_prompts(tiny_model_dir):
+    """The flash_attention_2 path (branches expanded to full samples, one varlen row) gives the logprobs of
+    the sdpa path (per-unit masks, shared roots) on rows holding shared prompts and lone samples."""
+    pytest.importorskip("flash_attn")
+    from transformers import AutoModelForCausalLM
+
+    from prime_rl.orchestrator.batch import Sample, micro_batch
+    from prime_rl.trainer.model import compute_rows_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, VOCAB, (9,), generator=g).tolist()
+    group = [Sample(prompt, torch.randint(3, VOCAB, (n,), generator=g).tolist(), [-1.0] * n, 1.0, 0) for n in (4, 7, 1)]
+    lone = Sample(torch.randint(3, VOCAB, (5,), generator=g).tolist(), [7, 8, 9], [-1.0] * 3, 1.0, 0)
+    mb = micro_batch([group, [lone]])
+    rows = [(mb.input_ids.cuda(), mb.position_ids.cuda(), mb.sample_lens.cuda())]
+    results = {}
+    for attn in ("sdpa", "flash_attention_2"):
+        net = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16, attn_implementation=attn).cuda()
+        (lp, _), = compute_rows_logprobs(net, rows)
+        results[attn] = lp[mb.loss_mask.cuda()]
+    torch.testing.assert_close(results["flash_attention_2"], results["sdpa"], atol=2e-2, rtol=0)  # bf16 kernels

@@ -7,6 +7,7 @@ venv: see docs/inference.md); elsewhere they are skipped with that reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import shutil
@@ -109,6 +110,22 @@ def test_seeded_requests_repeat(engine):
     first = engine.submit(encode(engine, "x"), params, n=2).result(timeout=60)
     again = engine.submit(encode(engine, "x"), params, n=2).result(timeout=60)
     assert [c.token_ids for c in first] == [c.token_ids for c in again]
+
+
+def test_choices_of_one_prefill_equal_requests_of_one_choice(engine, tiny_model_dir):
+    """Each request's prompt is prefilled once for its n choices (prompts of different lengths left-padded in one
+    prefill); choice i is exactly what a lone request with seed + i gives (its own prefill row)."""
+    prompts = [encode(engine, "shared prompt"), encode(engine, "a longer shared prompt")]
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=11), SamplingParams(max_tokens=12, seed=40)]
+    futures = [engine.submit(prompt, p, n=n) for prompt, p, n in zip(prompts, params, (4, 3), strict=True)]
+    for prompt, p, future in zip(prompts, params, futures, strict=True):
+        together = future.result(timeout=60)
+        for i, choice in enumerate(together):
+            (alone,) = engine.submit(prompt, dataclasses.replace(p, seed=p.seed + i)).result(timeout=60)
+            assert choice.token_ids == alone.token_ids
+            assert choice.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+            assert_matches(tiny_model_dir, prompt, choice.token_ids, choice.logprobs, 1.0)
+        assert len({tuple(c.token_ids) for c in together}) > 1
 
 
 def test_stop_string_truncates_the_text(engine):
@@ -305,12 +322,46 @@ def test_update_weights_switches_between_requests_never_within(server, tiny_mode
     for response, weights, step in ((old, tiny_model_dir, 0), (new, new_dir, 1)):
         data = response.json()
         assert data["weight_step"] == step
+        assert all(c["token_weight_steps"] == [step] * len(c["token_ids"]) for c in data["choices"])  # drained
         choice = data["choices"][0]
         assert_matches(weights, data["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"], 1.0)
     # The new answer really comes from the new weights: the old weights give other logprobs.
     choice = new.json()["choices"][0]
     stale = reference_logprobs(tiny_model_dir, new.json()["prompt_token_ids"], choice["token_ids"], 1.0)
     assert not torch.allclose(stale, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-3)
+
+
+def test_in_flight_update_switches_within_a_request_and_tokens_record_their_step(server, tiny_model_dir,
+                                                                                weight_root):
+    """Over HTTP (the exact logprobs across the switch: tests/unit/test_inference_app.py)."""
+    new_dir = save_random_model(weight_root / "step_2", seed=2, hidden_size=64, num_layers=2)
+    prompt = {"prompt": "in flight", "max_tokens": 240, "n": 16, "temperature": 1.0, "seed": 3}
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server, timeout=120) as client:
+            running = asyncio.create_task(client.post("/v1/completions", json=prompt))
+            await asyncio.sleep(0.02)  # admitted and decoding (a drained update would wait for all of it)
+            update = await client.post("/update_weights", json={"path": str(new_dir), "in_flight": True})
+            return await running, update
+
+    response, update = asyncio.run(go())
+    assert update.status_code == 200 and update.json() == {"weight_step": 2}
+    data = response.json()
+    old_step = data["weight_step"]  # admitted under the weights served before
+    assert old_step < 2
+    old_dir = tiny_model_dir if old_step == 0 else weight_root / f"step_{old_step}"
+    switched = False
+    for choice in data["choices"]:
+        steps = choice["token_weight_steps"]
+        assert len(steps) == len(choice["token_ids"]) and steps == sorted(steps)
+        assert set(steps) <= {old_step, 2}
+        cut = steps.count(old_step)
+        if 0 < cut < len(steps):  # this choice was running when the weights changed
+            switched = True
+            # Before the switch: exactly the old weights' logprobs.
+            assert_matches(old_dir, data["prompt_token_ids"], choice["token_ids"][:cut],
+                           choice["logprobs"]["token_logprobs"][:cut], 1.0)
+    assert switched, "no choice was decoding when the update landed"
 
 
 # ---------------------------------------------------------------------------- vLLM

@@ -29,7 +29,10 @@ def test_filter_zero_advantage_drops_groups_of_equal_nonzero_rewards(tmp_path):
 
 def test_unfiltered_groups_of_equal_rewards_train_with_exactly_zero_advantage(tmp_path):
     _, batch = run_step(tmp_path, EqualNonZeroGroups(), **OVERRIDES)
-    per_sample = [a for mb in batch.micro_batches for a in mb.advantages.split(mb.sample_lens.tolist())]
+    per_sample = [a for mb in batch.micro_batches
+                  for a, trained in zip(mb.advantages.split(mb.sample_lens.tolist()), mb.trained_samples, strict=True)
+                  if trained]  # a shared prompt's root is a segment with no trained token
+    assert len(per_sample) == 16
     assert sum(not a.any() for a in per_sample) == 8  # the equal group; the mixed one is non-zero everywhere
 
 

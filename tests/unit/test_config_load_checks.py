@@ -257,3 +257,13 @@ def test_a_seed_beyond_64_bits_is_a_load_error(seed):
     """Regression (audit of issue 12): it passed --dry-run and crashed the inference server's generator."""
     with pytest.raises(ConfigError, match="seed"):
         build_config(RLConfig, ["--seed", seed])
+
+
+def test_rl_does_not_share_prompts_with_a_trainer_on_flash_attention():
+    """flash_attention_2 computes a shared prompt once per completion: rows packed to seq_len by shared length
+    would expand far past it in the trainer's forward."""
+    assert build_config(RLConfig, [])[0].orchestrator.share_prompts
+    flash = ["--trainer.runtime.attn-implementation", "flash_attention_2"]
+    assert not build_config(RLConfig, flash)[0].orchestrator.share_prompts
+    with pytest.raises(ConfigError, match="orchestrator.share_prompts = true contradicts trainer.runtime"):
+        build_config(RLConfig, [*flash, "--orchestrator.share-prompts", "true"])

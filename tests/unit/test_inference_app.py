@@ -1,20 +1,28 @@
-"""The builtin HTTP app around a stand-in engine: every error body is JSON, engine failures included."""
+"""The builtin HTTP app: around a stand-in engine, every error body is JSON (engine failures included) and
+the logprobs entries are what their definitions say; around the real engine, weight updates in flight."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Future
 
 import httpx
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from prime_rl.inference.builtin.app import create_app
-from prime_rl.inference.builtin.engine import Completion
+from prime_rl.inference.builtin.engine import Completion, Engine
 from prime_rl.inference.gate import WeightGate
+from prime_rl.inference.policy import Policy
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
+from prime_rl.utils.tiny_model import save_random_model
+
+ANSWER = "ok, <|im_end|>"  # several tokens, a special one among them
 
 
 class StubEngine:
-    """Answers "ok" to every prompt, except prompts starting with "boom", whose future fails."""
+    """Answers ANSWER to every prompt, except prompts starting with "boom", whose future fails."""
 
     tokenizer = build_char_tokenizer()
     context_len = 64
@@ -25,16 +33,21 @@ class StubEngine:
         if self.tokenizer.decode(prompt_ids).startswith("boom"):
             future.set_exception(RuntimeError("the engine broke on this request"))
         else:
-            future.set_result([Completion([5], [-0.5], "ok", "length")] * n)
+            ids = self.tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
+            future.set_result([Completion(ids, [-0.5] * len(ids), ANSWER, "length", [7] * len(ids))] * n)
         return future
+
+
+def client_of(app) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60)
 
 
 def call(requests: list[tuple[str, str, dict | None]]) -> list[httpx.Response]:
     app = create_app(StubEngine(), "stub", WeightGate())
 
     async def go():
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        async with client_of(app) as client:
             return await asyncio.gather(*(client.request(m, p, json=b) for m, p, b in requests))
 
     return asyncio.run(go())
@@ -51,7 +64,7 @@ def test_framework_and_engine_errors_are_json_and_other_requests_go_on():
     assert boom.status_code == 500
     assert boom.json() == {"error": {"message": "internal server error (RuntimeError)", "type": "InternalServerError",
                                      "code": 500}}
-    assert fine.status_code == 200 and fine.json()["choices"][0]["text"] == "ok"
+    assert fine.status_code == 200 and fine.json()["choices"][0]["text"] == ANSWER
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
     assert method.status_code == 405 and method.json()["error"]["code"] == 405
     assert models.json()["data"][0]["id"] == "stub"
@@ -61,3 +74,90 @@ def test_update_weights_without_allowed_directories_is_refused_with_a_clear_403(
     (response,) = call([("POST", "/update_weights", {"path": str(tmp_path)})])
     assert response.status_code == 403
     assert "no weight directory is allowed" in response.json()["error"]["message"]
+
+
+def test_logprobs_entries_are_each_tokens_text_bytes_and_offset():
+    """Each token is decoded once per server and offsets are running sums; the entries are still the definitions."""
+    chat, completion = call([
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}),
+        ("POST", "/v1/completions", {"prompt": "hi", "n": 2}),
+    ])
+    decode = StubEngine.tokenizer.decode
+    ids = StubEngine.tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
+    texts = [decode([t]) for t in ids]
+    assert len(ids) > 3 and texts[-1] == "<|im_end|>"
+    for choice in chat.json()["choices"]:
+        assert choice["logprobs"]["content"] == [
+            {"token": text, "logprob": -0.5, "bytes": list(text.encode()), "top_logprobs": []} for text in texts
+        ]
+        assert choice["token_weight_steps"] == [7] * len(ids)
+    for choice in completion.json()["choices"]:
+        logprobs = choice["logprobs"]
+        assert logprobs["tokens"] == texts
+        assert logprobs["text_offset"] == [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
+        assert choice["token_weight_steps"] == [7] * len(ids)
+    assert chat.json()["weight_step"] == completion.json()["weight_step"] == 7  # the first token's step
+
+
+def mixed_logprobs(old_dir, new_dir, prompt_ids: list[int], token_ids: list[int], cut: int) -> torch.Tensor:
+    """Logprobs (temperature 1) of `token_ids` when tokens [0, cut) were sampled under the old weights and the rest
+    under the new ones, going on from the cache the old weights computed (what an in-flight update gives)."""
+    old, new = (AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for d in (old_dir, new_dir))
+    ids, split = prompt_ids + token_ids, len(prompt_ids) + cut - 1  # the forward at `split` ran under the new weights
+    cache = DynamicCache()
+    with torch.no_grad():
+        before = old(input_ids=torch.tensor([ids[:split]]), past_key_values=cache, use_cache=True).logits[0]
+        after = new(input_ids=torch.tensor([ids[split:-1]]), past_key_values=cache, use_cache=True).logits[0]
+    logits = torch.cat([before[len(prompt_ids) - 1:], after])
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
+
+
+def test_in_flight_update_switches_running_choices_token_by_token(tiny_model_dir, tmp_path):
+    new_dir = save_random_model(tmp_path / "step_5", seed=5, hidden_size=64, num_layers=2)
+    engine = Engine(str(tiny_model_dir), context_len=256, seed=0, max_batch_size=16)
+    gate = WeightGate()
+    app = create_app(engine, "tiny", gate, Policy(weight_roots=(tmp_path.resolve(), tiny_model_dir.resolve())))
+    long = {"prompt": "in flight", "max_tokens": 200, "n": 8, "temperature": 1.0, "seed": 3}
+
+    async def decoding() -> None:
+        """Until a sequence of an unfinished request has sampled a few tokens."""
+        deadline = time.monotonic() + 30
+        while not any(len(seq.token_ids) >= 3 and not seq.request.future.done() for seq in list(engine._seqs)):
+            assert time.monotonic() < deadline, "the request never started decoding"
+            await asyncio.sleep(0.001)
+
+    async def go():
+        async with client_of(app) as client:
+            running = asyncio.create_task(client.post("/v1/completions", json=long))
+            await decoding()
+            update = await client.post("/update_weights", json={"path": str(new_dir), "step": 5, "in_flight": True})
+            health = await client.get("/health")
+            after = await client.post("/v1/completions", json=long | {"max_tokens": 4})
+            response = await running
+            # A draining update (the default) waits for a running request: its tokens all have one step.
+            drained_request = asyncio.create_task(client.post("/v1/completions", json=long))
+            await decoding()
+            drained = await client.post("/update_weights", json={"path": str(tiny_model_dir), "step": 6})
+            return response, update, health, after, await drained_request, drained
+
+    try:
+        response, update, health, after, drained_response, drained = asyncio.run(go())
+    finally:
+        engine.close()
+    assert update.json() == {"weight_step": 5} and health.json()["weight_step"] == 5
+    data = response.json()
+    assert data["weight_step"] == 0
+    cuts = []
+    for choice in data["choices"]:
+        steps, tokens = choice["token_weight_steps"], choice["token_ids"]
+        assert len(steps) == len(tokens) and steps == sorted(steps) and set(steps) <= {0, 5} and steps[0] == 0
+        cut = steps.count(0)
+        if cut < len(steps):  # still running when the weights changed: later tokens come from the new weights
+            cuts.append(cut)
+            expected = mixed_logprobs(tiny_model_dir, new_dir, data["prompt_token_ids"], tokens, cut)
+            torch.testing.assert_close(torch.tensor(choice["logprobs"]["token_logprobs"]), expected, atol=1e-4, rtol=0)
+    assert cuts, "no choice was decoding when the update landed"
+    assert after.json()["weight_step"] == 5
+    assert all(c["token_weight_steps"] == [5] * len(c["token_ids"]) for c in after.json()["choices"])
+    assert drained.json() == {"weight_step": 6} and drained_response.json()["weight_step"] == 5
+    assert all(c["token_weight_steps"] == [5] * len(c["token_ids"]) for c in drained_response.json()["choices"])

@@ -128,9 +128,14 @@ def test_middleware_stamps_steps_and_updates_between_requests(tmp_path, served_m
             new = await client.post("/v1/completions", json={})
             streamed = await client.post("/v1/chat/completions", json={})
             reset = await client.post("/reset", json={})
-            return first, old, updated, new, streamed, reset
+            in_flight_update = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 4)),
+                                                                           "in_flight": True})
+            return first, old, updated, new, streamed, reset, in_flight_update
 
-    first, old, updated, new, streamed, reset = asyncio.run(scenario())
+    first, old, updated, new, streamed, reset, in_flight_update = asyncio.run(scenario())
+    assert new.json()["choices"][0]["token_weight_steps"] == [3]  # one per token, all the admitted step
+    assert in_flight_update.status_code == 400
+    assert in_flight_update.json()["error"]["message"] == "in-flight weight updates need the builtin backend"
     assert first.json()["weight_step"] == 0 and old.json()["weight_step"] == 0
     assert updated.status_code == 200 and updated.json() == {"weight_step": 3}
     assert new.json()["weight_step"] == 3 and new.json()["choices"][0]["token_ids"] == [1]

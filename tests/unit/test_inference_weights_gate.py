@@ -106,6 +106,51 @@ def test_update_waits_for_in_flight_requests_and_holds_new_ones():
     assert step == 1
 
 
+def test_in_flight_update_neither_waits_for_nor_holds_requests_but_waits_for_other_updates():
+    async def scenario():
+        gate = WeightGate(step=0, timeout_s=5)
+        events = []
+        release_request, release_update = asyncio.Event(), asyncio.Event()
+
+        async def old_request():
+            async with gate.request() as step:
+                events.append(("old starts", step))
+                await release_request.wait()
+                events.append(("old ends", step))
+
+        async def update(step, drain, release=None):
+            async with gate.update(step, drain=drain):
+                events.append(("load", step, gate.active))
+                if release is not None:
+                    await release.wait()
+
+        async def new_request():
+            async with gate.request() as step:
+                events.append(("new", step))
+
+        old = asyncio.create_task(old_request())
+        await asyncio.sleep(0.01)
+        await update(1, drain=False)  # applied while the old request runs
+        await new_request()  # admitted at once, under the new step
+        assert events == [("old starts", 0), ("load", 1, 1), ("new", 1)]
+        # A second in-flight update waits for a running one (updates never overlap).
+        first = asyncio.create_task(update(2, drain=False, release=release_update))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(update(3, drain=False))
+        await asyncio.sleep(0.01)
+        assert events[-1] == ("load", 2, 1) and gate.step == 1
+        await asyncio.wait_for(new_request(), 1)  # admitted while an in-flight update runs, under the served step
+        assert events[-1] == ("new", 1)
+        release_update.set()
+        await asyncio.gather(first, second)
+        release_request.set()
+        await old
+        return events, gate.step
+
+    events, step = asyncio.run(scenario())
+    assert events[-2:] == [("load", 3, 1), ("old ends", 0)] and step == 3
+
+
 def test_failed_update_keeps_the_step_and_timeouts_are_errors():
     async def scenario():
         gate = WeightGate(step=4, timeout_s=0.05)
@@ -122,6 +167,27 @@ def test_failed_update_keeps_the_step_and_timeouts_are_errors():
             assert step == 4
 
     asyncio.run(scenario())
+
+
+def test_an_in_flight_update_never_goes_back_but_a_draining_one_may():
+    """Running requests' tokens record non-decreasing steps; a draining update (no request spans it) may reload
+    an older step, as `WeightSync.align` does when the server serves a leftover of another run."""
+    async def scenario():
+        gate = WeightGate(step=7)
+        with pytest.raises(UserError, match="cannot go back from step 7 to 5"):
+            async with gate.update(5, drain=False):
+                pytest.fail("the swap must not run")
+        assert gate.step == 7
+        async with gate.update(7, drain=False):  # the same step again is no step back
+            pass
+        async with gate.update(5):
+            pass
+        assert gate.step == 5
+        async with gate.update(6, drain=False):  # the gate is free again after the refusal
+            pass
+        return gate.step
+
+    assert asyncio.run(scenario()) == 6
 
 
 def _in_thread(function, *args, timeout_s: float = 10.0):

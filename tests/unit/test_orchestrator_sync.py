@@ -20,7 +20,7 @@ class FakeClient:
     def __init__(self):
         self.loaded: list[int] = []
 
-    async def update_weights(self, path: str, step: int) -> int:
+    async def update_weights(self, path: str, step: int, in_flight: bool = False) -> int:
         assert path.endswith(f"step_{step}")
         self.loaded.append(step)
         return step

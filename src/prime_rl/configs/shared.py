@@ -73,7 +73,8 @@ class RunConfig(EntrypointConfig):
     """Number of optimizer steps (= rollout batches)."""
 
     seq_len: PositiveInt = 2048
-    """Longest packed training row in tokens (prompt + completion of one or more samples)."""
+    """Tokens per packed training row, i.e. per trainer forward/backward (shared prompts count once), and the
+    longest sample (prompt + completion)."""
 
     seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] = 0
     """Seed for sampling prompts, initialisation and generation."""

@@ -13,7 +13,7 @@ from prime_rl.configs.shared import ModelConfig
 from prime_rl.configs.validators import ApiKey, Host
 from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
 
-# Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (httpx: 5 s), so the
+# Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (the orchestrator's aiohttp: 15 s; httpx: 5 s), so the
 # client always closes first: with equal timeouts a request sent on a connection the server is just closing
 # fails with a connection reset (seen as httpx.ReadError at 256 concurrent requests).
 KEEP_ALIVE_S = 120

@@ -1,9 +1,16 @@
 """Which weights serve a request: the one rule both backends share.
 
-A request is admitted under the current weight step and keeps it to the end. A weight
-update closes the gate to new requests, waits until every admitted request has
-finished (they finish on the old weights), swaps the weights, then reopens. So no
-response mixes two weight versions, and each carries the step that produced it.
+A request is admitted under the current weight step. A *draining* update (the default)
+closes the gate to new requests, waits until every admitted request has finished (they
+finish on the old weights), swaps the weights, then reopens: no response mixes two
+weight versions. An *in-flight* update (builtin backend only) neither waits for nor holds
+requests: the engine swaps the weights between two decode iterations, and running
+requests go on under the new ones (each token records the step it was sampled under), so
+an in-flight update never goes back to an older step (a UserError: 400). Updates of either
+kind never overlap; the gate's step (what /health reports and new requests are admitted
+under) becomes the new step once the swap succeeded. A request admitted just before an
+in-flight swap may still be prefilled after it: the builtin server answers the step its
+first tokens were sampled under (`builtin/app.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+from prime_rl.utils.errors import UserError
 
 
 class GateTimeout(Exception):
@@ -22,7 +31,8 @@ class WeightGate:
         self.step = step
         self.timeout_s = timeout_s
         self._active = 0
-        self._updating = False
+        self._updating = False  # an update runs (the next one waits)
+        self._holding = False  # ... and it is a draining one (new requests wait)
         self._cond = asyncio.Condition()
 
     @property
@@ -39,7 +49,7 @@ class WeightGate:
     async def request(self) -> AsyncIterator[int]:
         """Admit one request; yields the weight step it is served with."""
         async with self._cond:
-            await self._wait(lambda: not self._updating, "a weight update to finish")
+            await self._wait(lambda: not self._holding, "a weight update to finish")
             self._active += 1
             step = self.step
         try:
@@ -50,18 +60,21 @@ class WeightGate:
                 self._cond.notify_all()
 
     @asynccontextmanager
-    async def update(self, new_step: int) -> AsyncIterator[None]:
-        """Hold new requests and drain admitted ones; the body swaps the weights.
-
-        The step becomes `new_step` only if the body succeeds.
-        """
+    async def update(self, new_step: int, drain: bool = True) -> AsyncIterator[None]:
+        """One update at a time; with `drain`, hold new requests and drain admitted ones. The body swaps
+        the weights; the step becomes `new_step` only if the body succeeds."""
         async with self._cond:
             await self._wait(lambda: not self._updating, "another weight update to finish")
+            if not drain and new_step < self.step:
+                raise UserError(f"an in-flight weight update cannot go back from step {self.step} to {new_step} "
+                                "(the running requests' tokens would record a decreasing step): drain instead")
             self._updating = True
+            self._holding = drain
             try:
-                await self._wait(lambda: self._active == 0, "in-flight requests to finish")
+                if drain:
+                    await self._wait(lambda: self._active == 0, "in-flight requests to finish")
             except GateTimeout:
-                self._updating = False
+                self._updating = self._holding = False
                 self._cond.notify_all()
                 raise
         try:
@@ -69,5 +82,5 @@ class WeightGate:
             self.step = new_step
         finally:
             async with self._cond:
-                self._updating = False
+                self._updating = self._holding = False
                 self._cond.notify_all()

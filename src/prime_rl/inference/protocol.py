@@ -15,7 +15,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 MAX_JSON_DEPTH = 32  # the deepest request the API defines is 4 levels; deeper nesting is refused
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the seed range, as vLLM's
@@ -162,3 +162,4 @@ class UpdateWeightsRequest(BaseModel):
 
     path: str = Field(min_length=1)
     step: Annotated[Int, Field(ge=0, le=INT64_MAX)] | None = None
+    in_flight: StrictBool = False  # apply between decode iterations without draining (builtin backend only)

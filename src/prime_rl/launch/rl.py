@@ -1,9 +1,9 @@
 """`rl`: one command for an RL run.
 
 Resolves the composite config, writes the three component configs to
-`outputs/<run>/configs/`, starts the inference server, waits for it to serve, starts the
-orchestrator and the trainer (under torchrun when `trainer.num_processes > 1`), shows
-progress, and stops everything when the run ends, fails, or is interrupted.
+`outputs/<run>/configs/`, starts the inference server and the trainer (under torchrun
+when `trainer.num_processes > 1`), waits for the server to serve, starts the
+orchestrator, shows progress, and stops everything when the run ends, fails, or is interrupted.
 """
 
 from __future__ import annotations
@@ -279,12 +279,13 @@ def launch(config: RLConfig) -> None:
         console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {log_file(config.output_dir, 'rl').parent}")
         if resumed is not None:
             console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
+        # The trainer needs nothing from the server: it starts (imports, loads the model) meanwhile.
         children["inference"].start()
+        children["trainer"].start()
         health = f"http://{config.inference.host}:{config.inference.port}/health"
         console.print(f"waiting for the inference server ({health}) ...")
         wait_for_health(health, children["inference"], config.deployment.startup_timeout_s, config.output_dir)
         children["orchestrator"].start()
-        children["trainer"].start()
         view = ProgressView(console, config.max_steps, resumed or 0)
         supervise(children, view, tail, config.output_dir)
     except KeyboardInterrupt:

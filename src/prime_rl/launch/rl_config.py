@@ -92,6 +92,14 @@ class RLConfig(RunConfig):
             getattr(self, component).check_consistency(f"{component}.")
         if self.overwrite and self.ckpt.resume_step is not None:
             raise ValueError("overwrite deletes the run that ckpt.resume_step continues: give one of them")
+        if self.trainer.runtime.attn_implementation == "flash_attention_2":  # see orchestrator.share_prompts
+            if "share_prompts" in self.orchestrator.model_fields_set and self.orchestrator.share_prompts:
+                raise ValueError("orchestrator.share_prompts = true contradicts trainer.runtime.attn_implementation = "
+                                 "'flash_attention_2', which computes a shared prompt once per completion")
+            self.orchestrator.share_prompts = False
+        if self.orchestrator.rollout_mode == "continuous" and self.inference.backend == "vllm":
+            raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
+                             "builtin backend has (inference.backend)")
         limits = {"seq_len": self.seq_len}
         if self.inference.backend != "builtin" and self.inference.vllm.max_model_len is not None:
             limits["inference.vllm.max_model_len"] = self.inference.vllm.max_model_len

@@ -4,7 +4,12 @@ A sample is prompt + completion: `loss_mask` is true on the completion tokens (n
 masked), `inference_logprobs` are the server's logprobs there, and the sample's scalar
 advantage is broadcast to its completion tokens (both 0 off the loss mask).
 
-Packing: samples are laid end to end into rows of at most `seq_len` tokens (first-fit
+Shared prefixes: consecutive samples with the same prompt (a group's completions) form one
+*unit*, its prompt laid out once (`utils.batch_format`: root = prompt[:-1], one branch
+[prompt[-1], completion] per sample), as many samples per unit as fit `seq_len`. With 8
+completions of a 28-token prompt that trains ~2.7x fewer tokens for the same gradient.
+
+Packing: units are laid end to end into rows of at most `seq_len` tokens (first-fit
 decreasing), rows go to trainer ranks greedily (the longest row to the rank with the
 fewest tokens, among ranks that still have room), every rank gets the same number of
 rows, ceil(rows / ranks) (at least 1), and ranks short of that get all-masked one-token padding rows.
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
+from prime_rl.utils.packing import first_fit_decreasing
 
 PAD_TOKEN_ID = 0
 
@@ -44,24 +50,6 @@ class Sample:
                       self.advantage, self.policy_step, self.train)
 
 
-def pack_rows(lengths: list[int], seq_len: int) -> list[list[int]]:
-    """First-fit decreasing: indices of samples per row, every row's total length <= seq_len."""
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if lengths[i] > seq_len:
-            raise ValueError(f"sample {i} has {lengths[i]} tokens, more than seq_len {seq_len}")
-        for r, free in enumerate(room):
-            if lengths[i] <= free:
-                rows[r].append(i)
-                room[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            room.append(seq_len - lengths[i])
-    return rows
-
-
 def assign_rows(row_tokens: list[int], world_size: int) -> list[list[int]]:
     """Rows per rank: equal counts (ceil(rows / world_size) at most), token totals balanced greedily."""
     per_rank = max(1, -(-len(row_tokens) // world_size))
@@ -75,43 +63,95 @@ def assign_rows(row_tokens: list[int], world_size: int) -> list[list[int]]:
     return ranks
 
 
-def micro_batch(samples: list[Sample]) -> MicroBatch:
-    """One packed row of `samples` (position ids restart per sample)."""
-    input_ids, positions, mask, logprobs, advantages = [], [], [], [], []
+def unit_length(samples: list[Sample]) -> int:
+    """Tokens of a unit: one sample alone, or the shared prompt once (minus its last token) plus a
+    branch [last prompt token, completion] per sample."""
+    if len(samples) == 1:
+        return len(samples[0])
+    return len(samples[0].prompt_ids) - 1 + sum(1 + len(s.completion_ids) for s in samples)
+
+
+def make_units(samples: list[Sample], seq_len: int, share_prompts: bool = True) -> list[list[Sample]]:
+    """Consecutive samples with the same prompt (of 2+ tokens) as units of at most `seq_len` tokens; every
+    sample its own unit without `share_prompts`."""
+    units: list[list[Sample]] = []
     for s in samples:
-        n_prompt, n_completion = len(s.prompt_ids), len(s.completion_ids)
-        input_ids += s.prompt_ids + s.completion_ids
-        positions += list(range(len(s)))
-        mask += [False] * n_prompt + [s.train] * n_completion
-        # The contract keeps per-token values at 0 off the loss mask (prompts, masked samples).
-        logprobs += [0.0] * n_prompt + (list(s.completion_logprobs) if s.train else [0.0] * n_completion)
-        advantages += [0.0] * n_prompt + [s.advantage if s.train else 0.0] * n_completion
-    return MicroBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long),
-        position_ids=torch.tensor(positions, dtype=torch.long),
-        sample_lens=torch.tensor([len(s) for s in samples], dtype=torch.long),
-        loss_mask=torch.tensor(mask, dtype=torch.bool),
-        inference_logprobs=torch.tensor(logprobs, dtype=torch.float32),
-        advantages=torch.tensor(advantages, dtype=torch.float32),
-        policy_step=torch.tensor([s.policy_step for s in samples], dtype=torch.long),
-    )
+        last = units[-1] if units else None
+        if (share_prompts and last is not None and len(s.prompt_ids) > 1 and last[0].prompt_ids == s.prompt_ids
+                and unit_length(last + [s]) <= seq_len):
+            last.append(s)
+        else:
+            units.append([s])
+    return units
+
+
+class _Row:
+    """Token lists of one micro-batch under construction."""
+
+    def __init__(self):
+        self.ids, self.positions, self.mask, self.logprobs, self.advantages = [], [], [], [], []
+        self.lens, self.steps = [], []
+
+    def segment(self, context: list[int], first_position: int, s: Sample | None, policy_step: int) -> None:
+        """Append a segment from `first_position`: `context` tokens (not trained), then `s`'s completion
+        (none for a root). Per-token values stay 0 off the loss mask (the contract)."""
+        completion = s.completion_ids if s is not None else []
+        train = s is not None and s.train
+        n = len(completion)
+        self.ids += context + completion
+        self.positions += list(range(first_position, first_position + len(context) + n))
+        self.mask += [False] * len(context) + [train] * n
+        self.logprobs += [0.0] * len(context) + (list(s.completion_logprobs) if train else [0.0] * n)
+        self.advantages += [0.0] * len(context) + [s.advantage if train else 0.0] * n
+        self.lens.append(len(context) + n)
+        self.steps.append(policy_step)
+
+    def unit(self, samples: list[Sample]) -> None:
+        prompt = samples[0].prompt_ids
+        if len(samples) == 1:
+            self.segment(prompt, 0, samples[0], samples[0].policy_step)
+            return
+        self.segment(prompt[:-1], 0, None, min(s.policy_step for s in samples))  # the root: trains nothing
+        for s in samples:
+            self.segment(prompt[-1:], len(prompt) - 1, s, s.policy_step)
+
+    def micro_batch(self) -> MicroBatch:
+        return MicroBatch(
+            input_ids=torch.tensor(self.ids, dtype=torch.long),
+            position_ids=torch.tensor(self.positions, dtype=torch.long),
+            sample_lens=torch.tensor(self.lens, dtype=torch.long),
+            loss_mask=torch.tensor(self.mask, dtype=torch.bool),
+            inference_logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
+            advantages=torch.tensor(self.advantages, dtype=torch.float32),
+            policy_step=torch.tensor(self.steps, dtype=torch.long),
+        )
+
+
+def micro_batch(units: list[list[Sample]]) -> MicroBatch:
+    """One packed row of `units` (see `make_units`)."""
+    row = _Row()
+    for unit in units:
+        row.unit(unit)
+    return row.micro_batch()
 
 
 def padding_micro_batch() -> MicroBatch:
     """A one-token row that trains nothing: keeps every rank's micro-batch count equal."""
-    return micro_batch([Sample([PAD_TOKEN_ID], [], [], 0.0, 0, train=False)])
+    return micro_batch([[Sample([PAD_TOKEN_ID], [], [], 0.0, 0, train=False)]])
 
 
 def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, temperature: float,
-               max_tokens: int) -> list[RankBatch]:
+               max_tokens: int, share_prompts: bool = True) -> list[RankBatch]:
     """Pack `samples` into one `RankBatch` per trainer rank, all with the same number of micro-batches."""
-    rows = pack_rows([len(s) for s in samples], seq_len)
-    row_tokens = [sum(len(samples[i]) for i in row) for row in rows]
+    units = make_units(samples, seq_len, share_prompts)
+    lengths = [unit_length(u) for u in units]
+    rows = first_fit_decreasing(lengths, seq_len, item="unit (a sample, or samples sharing a prompt)")
+    row_tokens = [sum(lengths[i] for i in row) for row in rows]
     per_rank = assign_rows(row_tokens, world_size)
     count = max(1, max(len(r) for r in per_rank))  # an empty batch still gives every rank one (padding) row
     batches = []
     for rank_rows in per_rank:
-        mbs = [micro_batch([samples[i] for i in rows[r]]) for r in rank_rows]
+        mbs = [micro_batch([units[i] for i in rows[r]]) for r in rank_rows]
         mbs += [padding_micro_batch() for _ in range(count - len(mbs))]
         batches.append(RankBatch(step=step, temperature=temperature, max_tokens=max_tokens, micro_batches=mbs))
     return batches

@@ -1,25 +1,29 @@
 """Async HTTP client of the inference server: chat completions with token ids, weight updates.
 
 Reads the response contract of docs/inference.md (both backends): top-level
-`prompt_token_ids` and `weight_step`; per choice `token_ids`, `finish_reason` and
-`logprobs.content[].logprob`. Requests ask for `n` completions of one prompt with
-`logprobs: true, return_token_ids: true` (vLLM needs both). At most `max_concurrency`
-requests are in flight; an unreachable server is retried until `connect_timeout_s`,
-then the run fails with a one-line error naming the URL. With `api_key` set every request
+`prompt_token_ids` and `weight_step`; per choice `token_ids`, `finish_reason`,
+`logprobs.content[].logprob` and `token_weight_steps` (when absent: all `weight_step`).
+Requests ask for `n` completions of one prompt with `logprobs: true, return_token_ids: true`
+(vLLM needs both). At most `max_concurrency` requests are in flight; an unreachable server
+is retried until `connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set every request
 carries `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from prime_rl.orchestrator.config import ClientConfig
 from prime_rl.utils.errors import PrimeError
+
+SPARE_CONNECTIONS = 2
+CONNECT_ATTEMPT_S = 10.0  # one TCP connect; failed ones are retried until connect_timeout_s
 
 
 class InferenceError(PrimeError):
@@ -32,6 +36,7 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" or "length"
+    weight_steps: list[int] = field(default_factory=list)  # the weight step each token was sampled under
 
     @property
     def truncated(self) -> bool:
@@ -41,8 +46,12 @@ class Completion:
 @dataclass
 class ChatResult:
     prompt_token_ids: list[int]
-    weight_step: int
+    weight_step: int  # the step the request was admitted under
     completions: list[Completion]
+
+    def policy_step(self, completion: Completion) -> int:
+        """The oldest weight step of a completion's tokens (the admission step for one without tokens)."""
+        return min(completion.weight_steps, default=self.weight_step)
 
 
 def server_root(base_url: str) -> str:
@@ -54,6 +63,7 @@ def server_root(base_url: str) -> str:
 def parse_chat_response(data: dict[str, Any], n: int) -> ChatResult:
     """Turn one chat-completions JSON body into a `ChatResult`; a missing field is an InferenceError."""
     try:
+        weight_step = int(data.get("weight_step", 0))
         completions = []
         for choice in sorted(data["choices"], key=lambda c: c.get("index", 0)):
             token_ids = [int(t) for t in choice["token_ids"]]
@@ -61,8 +71,11 @@ def parse_chat_response(data: dict[str, Any], n: int) -> ChatResult:
             if len(logprobs) != len(token_ids):
                 raise ValueError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs")
             text = (choice.get("message") or {}).get("content") or ""
-            completions.append(Completion(token_ids, logprobs, text, choice["finish_reason"]))
-        result = ChatResult([int(t) for t in data["prompt_token_ids"]], int(data.get("weight_step", 0)), completions)
+            steps = [int(s) for s in choice.get("token_weight_steps", [weight_step] * len(token_ids))]
+            if len(steps) != len(token_ids):
+                raise ValueError(f"{len(token_ids)} token ids but {len(steps)} token weight steps")
+            completions.append(Completion(token_ids, logprobs, text, choice["finish_reason"], steps))
+        result = ChatResult([int(t) for t in data["prompt_token_ids"]], weight_step, completions)
     except (KeyError, TypeError, ValueError) as exc:
         raise InferenceError(f"malformed chat completion from the inference server ({type(exc).__name__}: {exc})") from None
     if len(completions) != n:
@@ -79,44 +92,62 @@ class InferenceClient:
         self.base_url = config.base_url.rstrip("/")
         self.model: str | None = None
         self._limit = asyncio.Semaphore(config.max_concurrency)
-        limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
-        headers = {"Authorization": f"Bearer {config.api_key.get_secret_value()}"} if config.api_key else {}
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s, connect=10.0), limits=limits,
-                                       headers=headers)
+        self._headers = {"Authorization": f"Bearer {config.api_key.get_secret_value()}"} if config.api_key else {}
+        self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> InferenceClient:
+        # aiohttp: its connection pool stays cheap at many concurrent requests (httpx's pool spent half the
+        # orchestrator's CPU at 64 in flight: docs/benchmarks.md).
+        self._http = aiohttp.ClientSession(
+            headers=self._headers,
+            # sock_connect, not connect: waiting for a pooled connection is no connection failure.
+            timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=CONNECT_ATTEMPT_S),
+            # Chat requests are bounded by the semaphore; the spare connections keep a weight update or a
+            # health check from queueing behind max_concurrency running chats.
+            connector=aiohttp.TCPConnector(limit=self.config.max_concurrency + SPARE_CONNECTIONS),
+        )
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
-    async def _request(self, method: str, url: str, json: Any = None) -> dict[str, Any]:
+    async def _request(self, method: str, url: str, payload: Any = None) -> dict[str, Any]:
         """One request; connection failures are retried until connect_timeout_s, then InferenceError."""
         deadline = time.monotonic() + self.config.connect_timeout_s
         delay = 0.2
         while True:
             try:
-                response = await self._http.request(method, url, json=json)
+                async with self._http.request(method, url, json=payload) as response:
+                    status, body = response.status, await response.read()
                 break
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                if isinstance(exc, aiohttp.ServerTimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError):
+                    raise self._timeout(url) from None
                 if time.monotonic() + delay > deadline:
                     raise InferenceError(
-                        f"inference server at {self.root} unreachable for {self.config.connect_timeout_s:.0f}s "
+                        f"inference server at {self.root} unreachable for {self.config.connect_timeout_s:g}s "
                         f"({type(exc).__name__}: {exc})"
                     ) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-            except httpx.TimeoutException:
-                raise InferenceError(
-                    f"inference server at {self.root} did not answer {url} within {self.config.timeout_s:.0f}s"
-                ) from None
-        if response.status_code != 200:
+            except TimeoutError:
+                raise self._timeout(url) from None
+        if status != 200:
             try:
-                message = response.json()["error"]["message"]
+                message = json.loads(body)["error"]["message"]
             except Exception:
-                message = response.text[:500]
-            raise InferenceError(f"inference server answered {response.status_code} to {url}: {message}")
-        return response.json()
+                message = body[:500].decode(errors="replace")
+            raise InferenceError(f"inference server answered {status} to {url}: {message}")
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise InferenceError(f"inference server answered {url} with no JSON object: {body[:200]!r}")
+        return data
+
+    def _timeout(self, url: str) -> InferenceError:
+        return InferenceError(f"inference server at {self.root} did not answer {url} within {self.config.timeout_s:g}s")
 
     async def wait_ready(self) -> str:
         """Wait (up to connect_timeout_s) until the server lists its model; return the model id."""
@@ -151,7 +182,11 @@ class InferenceClient:
         result = await self.chat([{"role": "user", "content": "hi"}], 1, 1.0, 1.0, 1, seed=0)
         return result.weight_step
 
-    async def update_weights(self, path: str, step: int) -> int:
-        """Load `path` (a weights/step_N directory); return the step the server now serves."""
-        data = await self._request("POST", f"{self.root}/update_weights", {"path": path, "step": step})
+    async def update_weights(self, path: str, step: int, in_flight: bool = False) -> int:
+        """Load `path` (a weights/step_N directory); return the step the server now serves. `in_flight`:
+        without draining the running requests (builtin backend)."""
+        body: dict[str, Any] = {"path": path, "step": step}
+        if in_flight:
+            body["in_flight"] = True
+        data = await self._request("POST", f"{self.root}/update_weights", body)
         return int(data.get("weight_step", step))

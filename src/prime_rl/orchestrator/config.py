@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -112,7 +112,11 @@ class OrchestratorConfig(RunConfig):
     command = "orchestrator"
 
     max_async_level: Annotated[int, Field(ge=0)] = 1
-    """Rollouts of step n may use weights of step m only if n - m <= this (0: on-policy)."""
+    """Rollouts of step n may use weights of step m only if n - m <= this (0: on-policy); per token in continuous mode."""
+    rollout_mode: Literal["step", "continuous"] = "step"
+    """step: each step generates its own batch, then waits for weights (reproducible given the weights).
+    continuous: requests stay in flight across steps, batches fill with groups as they finish, and weight updates
+    land between decode iterations without draining the server (builtin backend); see docs/async.md."""
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     """Checkpointing and resume."""
     client: ClientConfig = Field(default_factory=ClientConfig)
@@ -136,7 +140,12 @@ class OrchestratorConfig(RunConfig):
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop zero-advantage groups and draw more prompts until the batch is full again."""
     dynamic_sampling_max_rounds: Annotated[int, Field(ge=0)] = 4
-    """Most extra sampling rounds per step under dynamic_sampling (then train on what there is)."""
+    """Most extra sampling rounds per step under dynamic_sampling (then train on what there is); in continuous mode
+    with filter_zero_advantage, a step looks at most at (1 + this) batches' worth of finished groups."""
+    share_prompts: bool = True
+    """Write a prompt's completions as one root (the prompt) and a branch per completion, so the trainer computes
+    the prompt once (docs/architecture.md). `rl` turns it off when the trainer uses flash_attention_2, whose
+    varlen kernel recomputes the prompt per completion: a row packed to seq_len would expand past it."""
     mask_truncated: bool = False
     """Exclude completions cut off by max_tokens from the loss (their loss_mask is false)."""
     truncated_reward: float | None = None
@@ -157,6 +166,9 @@ class OrchestratorConfig(RunConfig):
                 f"advantage type '{self.advantage.type}' compares rollouts of one prompt: "
                 "rollouts_per_example must be >= 2"
             )
+        if self.rollout_mode == "continuous" and self.dynamic_sampling:
+            raise ValueError("rollout_mode = 'continuous' refills the batch by itself: use filter_zero_advantage "
+                             "instead of dynamic_sampling")
         names = [e.metric_name for e in self.env]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

@@ -34,13 +34,18 @@ def reward_metrics(groups: list[Group]) -> dict[str, float]:
 
 
 def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
-    """seq_len/*, rollout/truncated_frac and async/policy_lag_* over all generated rollouts."""
+    """seq_len/*, rollout/truncated_frac, async/policy_lag_* (per rollout: its oldest token) and
+    async/token_lag_* (per completion token: step - the weight step it was sampled under) over all
+    generated rollouts."""
     prompt_lens = [len(g.result.prompt_token_ids) for g in groups for _ in g.result.completions]
     completion_lens = [len(c.token_ids) for g in groups for c in g.result.completions]
     truncated = [c.truncated for g in groups for c in g.result.completions]
-    lags = [step - g.result.weight_step for g in groups for _ in g.result.completions]
+    lags = [step - g.result.policy_step(c) for g in groups for c in g.result.completions]
+    token_lags = [step - s for g in groups for c in g.result.completions for s in c.weight_steps]
     n = max(len(completion_lens), 1)
     return {
+        "async/token_lag_mean": sum(token_lags) / max(len(token_lags), 1),
+        "async/token_lag_max": float(max(token_lags, default=0)),
         "seq_len/prompt_mean": sum(prompt_lens) / n,
         "seq_len/completion_mean": sum(completion_lens) / n,
         "seq_len/completion_max": float(max(completion_lens, default=0)),

@@ -35,6 +35,7 @@ from prime_rl.orchestrator.ckpt import (
 )
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.config import OrchestratorConfig
+from prime_rl.orchestrator.continuous import ContinuousRollouts
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
 from prime_rl.orchestrator.weight_sync import WeightSync
@@ -62,8 +63,10 @@ class Orchestrator:
         self.state = state
         rng = rng_from_json(state.rng_state) if state.rng_state is not None else None
         self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
+        continuous = config.rollout_mode == "continuous"
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
-                               trusted_upto=state.step)
+                               trusted_upto=state.step, in_flight=continuous)
+        self.continuous = ContinuousRollouts(self) if continuous else None
         self.eval_draws = self._eval_draws() if config.eval.interval else []
         self.generation_s = 0.0
         self.generated_tokens = 0
@@ -95,6 +98,9 @@ class Orchestrator:
         log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         return metrics
 
+    def rewards(self, groups: list[Group]) -> torch.Tensor:
+        return rewards_tensor(groups, self.config.rollouts_per_example)
+
     async def collect(self, step: int) -> tuple[list[Group], list[Group]]:
         """(all generated groups, the groups that train), with dynamic sampling's extra rounds."""
         c = self.config
@@ -121,7 +127,7 @@ class Orchestrator:
             for completion, advantage in zip(group.result.completions, row, strict=True):
                 train = not (self.config.mask_truncated and completion.truncated)
                 sample = Sample(group.result.prompt_token_ids, completion.token_ids, completion.logprobs, advantage,
-                                group.result.weight_step, train)
+                                group.result.policy_step(completion), train)
                 if len(sample) > self.config.seq_len:
                     log.warning(f"a rollout of {len(sample)} tokens is cut to seq_len {self.config.seq_len}")
                     sample = sample.truncate(self.config.seq_len)
@@ -132,15 +138,23 @@ class Orchestrator:
         c = self.config
         start = time.monotonic()
         self.generation_s, self.generated_tokens = 0.0, 0
-        metrics = {"perf/wait_for_weights_s": await self.sync.ensure(step)}
-        if c.eval.interval and step % c.eval.interval == 0:
-            metrics |= await self.evaluate(step)
-        groups, kept = await self.collect(step)
+        evaluating = bool(c.eval.interval) and step % c.eval.interval == 0
+        # Step mode generates after this; continuous mode loads weights while it collects, but evaluation
+        # rollouts keep the lag bound too.
+        waited = await self.sync.ensure(step) if not self.continuous or evaluating else 0.0
+        metrics = await self.evaluate(step) if evaluating else {}
+        if self.continuous:
+            groups, kept, continuous_metrics = await self.continuous.collect(step)
+            continuous_metrics["perf/wait_for_weights_s"] += waited
+            metrics |= continuous_metrics
+        else:
+            metrics["perf/wait_for_weights_s"] = waited
+            groups, kept = await self.collect(step)
         advantages = compute_advantages(c.advantage, rewards_tensor(kept, c.rollouts_per_example), c.normalize_advantages)
         if not kept:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
         batches = pack_batch(self.samples(kept, advantages), c.seq_len, c.trainer_world_size, step,
-                             c.sampling.temperature, c.sampling.max_tokens)
+                             c.sampling.temperature, c.sampling.max_tokens, c.share_prompts)
         write_step(c.output_dir, step, batches)
         total = sum(len(g.rewards) for g in groups)
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
@@ -151,6 +165,8 @@ class Orchestrator:
             "perf/inference_tokens_per_s": self.generated_tokens / max(self.generation_s, 1e-9),
             "perf/step_time_s": time.monotonic() - start,
         }
+        if not self.continuous:  # in step mode requests are in flight only while a batch is generated
+            metrics["async/inference_idle_frac"] = max(0.0, 1 - self.generation_s / metrics["perf/step_time_s"])
         return metrics
 
     def checkpoint(self, next_step: int) -> None:
@@ -158,6 +174,21 @@ class Orchestrator:
         # Retention counts complete (trainer + orchestrator) steps: the parts this process writes ahead
         # of the trainer are kept until their partner arrives (run_dir.prune_checkpoints).
         save_state(self.config.output_dir, self.state, self.config.ckpt.keep)
+
+
+async def run_steps(orch: Orchestrator, monitor: Monitor, first: int) -> None:
+    config = orch.config
+    interval = config.ckpt.interval
+    for step in range(first, config.max_steps):
+        metrics = await orch.step(step)
+        monitor.log(metrics, step)
+        log.info(
+            f"step {step}: reward {metrics['reward/mean']:.3f}, lag {metrics['async/policy_lag_mean']:.2f}, "
+            f"{metrics['perf/step_time_s']:.2f}s (waited {metrics['perf/wait_for_weights_s']:.2f}s for weights)"
+        )
+        done = step + 1
+        if (interval and done % interval == 0) or done == config.max_steps:
+            orch.checkpoint(done)
 
 
 async def run(config: OrchestratorConfig) -> None:
@@ -175,17 +206,11 @@ async def run(config: OrchestratorConfig) -> None:
             log.info(f"inference server {client.root} serves {model}")
             orch = Orchestrator(config, client, state)
             await orch.sync.align(config.model.path)
-            interval = config.ckpt.interval
-            for step in range(state.step, config.max_steps):
-                metrics = await orch.step(step)
-                monitor.log(metrics, step)
-                log.info(
-                    f"step {step}: reward {metrics['reward/mean']:.3f}, lag {metrics['async/policy_lag_mean']:.2f}, "
-                    f"{metrics['perf/step_time_s']:.2f}s (waited {metrics['perf/wait_for_weights_s']:.2f}s for weights)"
-                )
-                done = step + 1
-                if (interval and done % interval == 0) or done == config.max_steps:
-                    orch.checkpoint(done)
+            try:
+                await run_steps(orch, monitor, state.step)
+            finally:
+                if orch.continuous:
+                    await orch.continuous.close()
     finally:
         monitor.close()
     log.info(f"done: wrote rollouts for steps {state.step}..{config.max_steps - 1}")

@@ -30,7 +30,7 @@ def min_weight_step(step: int, max_async_level: int) -> int:
 
 class WeightSync:
     def __init__(self, client: InferenceClient, output_dir: Path, max_async_level: int, timeout_s: float,
-                 served_step: int = 0, trusted_upto: int = 0, poll_s: float = 0.05):
+                 served_step: int = 0, trusted_upto: int = 0, poll_s: float = 0.05, in_flight: bool = False):
         self.client = client
         self.output_dir = Path(output_dir)
         self.max_async_level = max_async_level
@@ -38,6 +38,7 @@ class WeightSync:
         self.served_step = served_step
         self.poll_s = poll_s
         self.trusted_upto = trusted_upto
+        self.in_flight = in_flight  # load without draining the server (continuous rollouts)
         # Filesystem timestamps come from a coarse clock that can lag time.time() by a few ms.
         self.started_at = time.time() - 1.0
         self.log = get_logger("orchestrator")
@@ -58,7 +59,8 @@ class WeightSync:
                 return False
             newest = steps[-1]
             try:
-                self.served_step = await self.client.update_weights(str(weights_dir(self.output_dir, newest)), newest)
+                self.served_step = await self.client.update_weights(str(weights_dir(self.output_dir, newest)), newest,
+                                                                    self.in_flight)
             except InferenceError:
                 if weights_dir(self.output_dir, newest).is_dir():
                     raise

@@ -1,10 +1,9 @@
 """The trainer's model: load (or randomly initialise) a Hugging Face causal LM, shard it
 with FSDP2, and compute per-token logprobs and entropies of packed rows.
 
-Packing: a row holds several samples end to end. With `sdpa`/`eager` attention the
-samples are isolated by a block-diagonal causal mask (bool [1, 1, T, T]); position ids
-alone do not isolate them on CPU (docs/architecture.md). With `flash_attention_2` the varlen
-kernel reads the sample boundaries from the restarting position ids, so no mask is built.
+Packing: a row holds several samples (and shared prompts) end to end; `attention_layout`
+turns rows into one forward whose attention never crosses a unit (position ids alone do
+not isolate samples on CPU: docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from prime_rl.configs.shared import ModelConfig
+from prime_rl.trainer.attention_layout import Row, flash_layout, padded_layout
 from prime_rl.trainer.config import ModelInitConfig, RuntimeConfig
 from prime_rl.utils.errors import UserError
 
@@ -136,58 +136,41 @@ def prepare_model(model: nn.Module, options: RuntimeConfig, device: torch.device
     return model
 
 
-def packed_attention_mask(sample_lens: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Block-diagonal causal mask, bool [1, 1, T, T]: token i sees token j iff same sample and j <= i."""
-    seg = torch.repeat_interleave(torch.arange(len(sample_lens), device=device), sample_lens.to(device))
-    T = seg.numel()
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    return (causal & (seg[:, None] == seg[None, :]))[None, None]
+def forward_rows_logits(model: nn.Module, rows: list[Row], pad_id: int = 0) -> list[torch.Tensor]:
+    """Logits [T_i, V] (float32) of several packed rows `(input_ids, position_ids, sample_lens)` in one forward
+    (`attention_layout`: per-unit attention, shared prompts computed once with sdpa/eager)."""
+    attn = getattr(model.config, "_attn_implementation", None)
+    layout = flash_layout(rows) if attn == "flash_attention_2" else padded_layout(rows, pad_id)
+    mask = layout.attention_mask
+    if attn == "eager":  # eager attention adds the mask to the scores: a bool mask would add 1, not -inf
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    keep = {} if layout.keep is None else {"logits_to_keep": layout.keep}
+    out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False,
+                **keep)
+    flat = out.logits.flatten(0, 1)
+    return [flat[index].float() for index in layout.index]
 
 
-def forward_logits(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                   sample_lens: torch.Tensor) -> torch.Tensor:
-    """Logits [T, V] of one packed row (float32)."""
-    return forward_rows_logits(model, [(input_ids, position_ids, sample_lens)])[0]
+def segment_starts(sample_lens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Bool [T]: true at the first token of every segment."""
+    starts = torch.zeros(num_tokens, dtype=torch.bool, device=sample_lens.device)
+    starts[(torch.cumsum(sample_lens, 0) - sample_lens)[sample_lens > 0]] = True
+    return starts
 
 
-def forward_rows_logits(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                        pad_id: int = 0) -> list[torch.Tensor]:
-    """Logits [T_i, V] (float32) of several packed rows `(input_ids, position_ids, sample_lens)` in one forward.
-
-    Rows are right-padded to the longest; the padding forms its own segment of the
-    block-diagonal mask, so it is invisible to the real tokens (and never fully masked).
-    """
-    device = rows[0][0].device
-    width = max(int(r[0].numel()) for r in rows)
-    flash = getattr(model.config, "_attn_implementation", None) == "flash_attention_2"
-    if flash and len(rows) > 1:
-        raise ValueError("flash_attention_2 takes one packed row per forward")
-    ids, pos, masks = [], [], []
-    for input_ids, position_ids, sample_lens in rows:
-        extra = width - int(input_ids.numel())
-        ids.append(torch.cat([input_ids, input_ids.new_full((extra,), pad_id)]))
-        pos.append(torch.cat([position_ids, torch.arange(extra, device=device)]))
-        if not flash:
-            lens = torch.cat([sample_lens.to(device), sample_lens.new_tensor([extra]).to(device)]) if extra else sample_lens
-            masks.append(packed_attention_mask(lens, device))
-    mask = torch.cat(masks) if masks else None
-    out = model(input_ids=torch.stack(ids), position_ids=torch.stack(pos), attention_mask=mask, use_cache=False)
-    logits = out.logits.float()
-    return [logits[i, : int(r[0].numel())] for i, r in enumerate(rows)]
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, sample_lens: torch.Tensor,
                    temperature: float = 1.0, entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token logprobs and entropies of a packed row from its logits [T, V].
+    """Per-token logprobs and entropies of a packed row from its logits [T, V] (in row order).
 
     lp[t] = log_softmax(logits[t-1] / T)[input_ids[t]],  H[t] = -sum_v p_v log p_v of that same
-    distribution. Both are 0 where nothing predicts token t: t = 0 and every sample's first
-    token (position id 0), whose logits row belongs to the previous sample. With
-    `entropies=False` the entropy (a second pass over the vocabulary) is skipped and None.
+    distribution. Both are 0 where nothing predicts token t: every segment's first token,
+    whose logits row belongs to the previous segment. With `entropies=False` the entropy (a
+    second pass over the vocabulary) is skipped and None.
     """
     logp = torch.log_softmax(logits[:-1] / temperature, dim=-1)
     lp = logp.gather(-1, input_ids[1:, None]).squeeze(-1)
-    starts = position_ids == 0
+    starts = segment_starts(sample_lens.to(logits.device), int(input_ids.numel()))
     lp = torch.cat([logits.new_zeros(1), lp]).masked_fill(starts, 0.0)
     if not entropies:
         return lp, None
@@ -205,11 +188,11 @@ def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     return compute_rows_logprobs(model, [(input_ids, position_ids, sample_lens)], temperature)[0]
 
 
-def compute_rows_logprobs(model: nn.Module, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+def compute_rows_logprobs(model: nn.Module, rows: list[Row],
                           temperature: float = 1.0, pad_id: int = 0,
                           entropies: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """`compute_logprobs` of several packed rows `(input_ids, position_ids, sample_lens)` in one forward."""
     device = next(model.parameters()).device
     rows = [(ids.to(device), pos.to(device), lens.to(device)) for ids, pos, lens in rows]
     logits = forward_rows_logits(model, rows, pad_id)
-    return [token_logprobs(lg, ids, pos, temperature, entropies) for lg, (ids, pos, _) in zip(logits, rows, strict=True)]
+    return [token_logprobs(lg, ids, lens, temperature, entropies) for lg, (ids, _, lens) in zip(logits, rows, strict=True)]

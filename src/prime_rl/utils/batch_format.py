@@ -15,7 +15,18 @@ rank in every forward); a padding micro-batch has `loss_mask` all false.
 A micro-batch is one packed row, flat over its T <= seq_len tokens. Token t of the row is
 `input_ids[t]`; `loss_mask[t]`, `inference_logprobs[t]` and `advantages[t]` describe that
 token (its logprob is predicted from position t - 1), so the first token of every sample
-is never trained. Samples are laid end to end; `position_ids` restart at 0 per sample.
+is never trained. Samples are laid end to end as *segments* (`sample_lens`).
+
+Shared prefixes: a segment whose `position_ids` start at 0 is a *root*. A segment starting
+at p > 0 is a *branch*: it continues the nearest preceding root, which must be exactly p
+tokens long, and its tokens see that root's tokens as their first p positions. So the
+completions of one prompt P can share it: root = P[:-1] (never trained), then one branch
+[P[-1], completion] per completion (P[-1] predicts the completion's first token inside
+the branch, so every segment's first token is the only one nothing predicts). A root and
+its branches form a *unit*; units never see each other. A branch is one sample: its
+`policy_step`, its trained tokens; a root trains nothing. Each branch computes exactly
+what the full sample P + completion computes alone.
+
 The step directory is written atomically (all ranks' files appear at once).
 """
 
@@ -36,8 +47,8 @@ OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs")
 @dataclass
 class MicroBatch:
     input_ids: torch.Tensor  # long [T]
-    position_ids: torch.Tensor  # long [T], restart at 0 per sample
-    sample_lens: torch.Tensor  # long [S], sums to T
+    position_ids: torch.Tensor  # long [T], consecutive within a segment; 0 at a root's start, p at a branch's
+    sample_lens: torch.Tensor  # long [S] segment lengths, sums to T
     loss_mask: torch.Tensor  # bool [T], true on completion tokens that train
     inference_logprobs: torch.Tensor  # float32 [T], logprob of input_ids[t] under the sampler, 0 off-mask
     advantages: torch.Tensor  # float32 [T]
@@ -66,6 +77,8 @@ class MicroBatch:
 
     def validate(self) -> None:
         T = self.num_tokens
+        if T == 0:
+            raise ValueError("micro-batch has no tokens (a padding micro-batch has one)")
         for name in ("position_ids", "loss_mask", "inference_logprobs", "advantages", *OPTIONAL_TOKEN_FIELDS):
             value = getattr(self, name)
             if value is not None and value.shape != (T,):
@@ -74,6 +87,7 @@ class MicroBatch:
             raise ValueError(f"sample_lens sum to {int(self.sample_lens.sum())}, expected {T}")
         if self.policy_step.shape != self.sample_lens.shape:
             raise ValueError("policy_step must have one entry per sample")
+        segment_roots(self.position_ids, self.sample_lens)  # raises on a malformed layout
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -81,6 +95,50 @@ class MicroBatch:
     @classmethod
     def from_dict(cls, data: dict) -> MicroBatch:
         return cls(**data)
+
+
+def segment_roots(position_ids: torch.Tensor, sample_lens: torch.Tensor) -> list[int]:
+    """Per segment: the index of the root it continues, or -1 for a root (the module docstring's rule).
+
+    Raises ValueError when a segment is empty, its positions are not consecutive, a branch has
+    no root before it, or its root is not exactly as long as the branch's first position."""
+    roots, last_root = [], -1
+    starts = torch.cumsum(sample_lens, 0) - sample_lens
+    for index, (start, length) in enumerate(zip(starts.tolist(), sample_lens.tolist(), strict=True)):
+        if length <= 0:
+            raise ValueError(f"segment {index} is empty (sample_lens {length})")
+        positions = position_ids[start:start + length]
+        first = int(positions[0])
+        if not torch.equal(positions, torch.arange(first, first + length)):
+            raise ValueError(f"segment {index}: position ids are not consecutive")
+        if first == 0:
+            roots.append(-1)
+            last_root = index
+            continue
+        if first < 0:
+            raise ValueError(f"segment {index} starts at negative position {first}")
+        if last_root < 0:
+            raise ValueError(f"segment {index} starts at position {first} (a branch) but no root (position 0) "
+                             "comes before it")
+        if int(sample_lens[last_root]) != first:
+            raise ValueError(f"segment {index} starts at position {first} (a branch) but its root, segment "
+                             f"{last_root}, is {int(sample_lens[last_root])} tokens long")
+        roots.append(last_root)
+    return roots
+
+
+def row_units(position_ids: torch.Tensor, sample_lens: torch.Tensor) -> list[tuple[int, int, list[int]]]:
+    """The units of a row, in order: (first token, token count, segment lengths) of each root with its
+    branches (a lone sample is a unit of one segment)."""
+    units: list[tuple[int, int, list[int]]] = []
+    start = 0
+    for root, length in zip(segment_roots(position_ids, sample_lens), sample_lens.tolist(), strict=True):
+        if root < 0 or not units:
+            units.append((start, 0, []))
+        first, count, lens = units[-1]
+        units[-1] = (first, count + length, lens + [length])
+        start += length
+    return units
 
 
 @dataclass

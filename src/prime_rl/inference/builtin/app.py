@@ -1,16 +1,26 @@
 """The builtin backend's HTTP API (FastAPI), in the response shapes of vLLM's OpenAI server.
 
-Every completion response has top-level `prompt_token_ids` and `weight_step`; every
-choice has `token_ids`, `finish_reason` and logprobs (chat: `logprobs.content[]`,
-completions: `logprobs.token_logprobs`). Every error, the framework's own 404/405/500
-included, is a JSON `{"error": {...}}`. Requests pass `guard.RequestGuard` first (API
-key, admin checks, body cap). Parsing, validation, chat templating and tokenization run
-in worker threads, so a large body never stalls the event loop (and `/health`).
+Every completion response has top-level `prompt_token_ids` and `weight_step` (the step
+its first tokens were sampled under: the engine's step when it prefilled the prompt);
+every choice has `token_ids`, `token_weight_steps` (the step each token was sampled
+under, one per token id), `finish_reason` and logprobs (chat: `logprobs.content[]`,
+completions: `logprobs.token_logprobs`); a token's text is decoded once per server
+(`token_entry`). Every error, the framework's own 404/405/500 included, is a JSON
+`{"error": {...}}`. Requests pass `guard.RequestGuard` first (API key, admin checks, body
+cap). Parsing, validation, chat templating and tokenization run in worker threads, so a
+large body never stalls the event loop (and `/health`).
+
+`POST /update_weights` reads and checks the new weights before it touches the gate, then
+swaps them through it (`gate.py`): draining by default, so every token of a response
+carries its `weight_step`; with `"in_flight": true` between two decode iterations while
+requests keep running, so a choice's later tokens may carry the new step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import time
 import uuid
 
@@ -110,13 +120,15 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
             raise HTTPError(400, f"the prompt ({len(prompt_ids)} tokens) fills the context length {engine.context_len}")
         params = SamplingParams(max_tokens, body.temperature, body.top_p, body.top_k, stops, body.seed)
         try:
-            async with gate.request() as step:
-                future = engine.submit(prompt_ids, params, body.n)
-                return await asyncio.wrap_future(future), step
+            async with gate.request():
+                completions = await asyncio.wrap_future(engine.submit(prompt_ids, params, body.n))
         except UserError as exc:
             raise HTTPError(400, str(exc)) from None
         except GateTimeout as exc:
             raise HTTPError(503, str(exc)) from None
+        # The choices were prefilled together, so their first tokens share a step: the one the
+        # gate admitted the request under, unless an in-flight update landed before its prefill.
+        return completions, completions[0].weight_steps[0]
 
     def envelope(kind: str, prompt_ids: list[int], step: int, choices: list[dict], completions) -> dict:
         completion_tokens = sum(len(c.token_ids) for c in completions)
@@ -135,8 +147,11 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
             },
         }
 
-    def token_text(token_id: int) -> str:
-        return tokenizer.decode([token_id])
+    @functools.lru_cache(maxsize=1 << 17)  # a token's text never changes: decode each id once
+    def token_entry(token_id: int) -> tuple[str, tuple[int, ...]]:
+        """(text, UTF-8 bytes) of one token, as the logprobs of both routes show it."""
+        text = tokenizer.decode([token_id])
+        return text, tuple(text.encode())
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -175,17 +190,18 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
                 "index": i,
                 "message": {"role": "assistant", "content": c.text},
                 "token_ids": c.token_ids,
+                "token_weight_steps": c.weight_steps,
                 "finish_reason": c.finish_reason,
                 "logprobs": {
                     "content": [
-                        {"token": token_text(t), "logprob": lp, "bytes": list(token_text(t).encode()), "top_logprobs": []}
-                        for t, lp in zip(c.token_ids, c.logprobs, strict=True)
+                        {"token": text, "logprob": lp, "bytes": raw, "top_logprobs": []}
+                        for (text, raw), lp in zip(map(token_entry, c.token_ids), c.logprobs, strict=True)
                     ]
                 },
             }
             for i, c in enumerate(completions)
         ]
-        return envelope("chat.completion", prompt_ids, step, choices, completions)
+        return JSONResponse(envelope("chat.completion", prompt_ids, step, choices, completions))
 
     @app.post("/v1/completions")
     async def complete(request: Request):
@@ -196,17 +212,18 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
         completions, step = await generate(prompt_ids, body)
         choices = []
         for i, c in enumerate(completions):
-            tokens = [token_text(t) for t in c.token_ids]
-            offsets = [sum(len(s) for s in tokens[:k]) for k in range(len(tokens))]
+            tokens = [token_entry(t)[0] for t in c.token_ids]
+            offsets = [0, *itertools.accumulate(len(s) for s in tokens[:-1])] if tokens else []
             choices.append({
                 "index": i,
                 "text": c.text,
                 "token_ids": c.token_ids,
+                "token_weight_steps": c.weight_steps,
                 "prompt_token_ids": prompt_ids,  # where vLLM puts it for completions
                 "finish_reason": c.finish_reason,
                 "logprobs": {"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets},
             })
-        return envelope("text_completion", prompt_ids, step, choices, completions)
+        return JSONResponse(envelope("text_completion", prompt_ids, step, choices, completions))
 
     @app.post("/update_weights")
     async def update_weights(request: Request):
@@ -215,15 +232,16 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
             path, step = check_weight_dir(body.path, body.step, policy.weight_roots)
             start = time.monotonic()
             staged = await asyncio.to_thread(engine.stage_weights, str(path))  # checked before requests are held
-            async with gate.update(step):
-                await asyncio.to_thread(engine.apply_weights, staged)
+            async with gate.update(step, drain=not body.in_flight):
+                await asyncio.to_thread(engine.apply_weights, staged, step)
         except WeightPathForbidden as exc:
             raise HTTPError(403, str(exc)) from None
         except UserError as exc:
             raise HTTPError(400, str(exc)) from None
         except GateTimeout as exc:
             raise HTTPError(503, str(exc)) from None
-        log.info(f"serving weights step {step} from {path} (update took {time.monotonic() - start:.2f}s)")
+        kind = "in flight" if body.in_flight else "drained"
+        log.info(f"serving weights step {step} from {path} ({kind} update took {time.monotonic() - start:.2f}s)")
         return {"weight_step": step}
 
     @app.post("/reset")

@@ -3,7 +3,10 @@
 One background thread owns the model. Every loop iteration it
 
 1. admits waiting requests (up to `max_batch_size` sequences in all): their prompts are
-   prefilled together (left-padded) and their first tokens sampled;
+   prefilled together (left-padded), each request's prompt once however many choices
+   (`n`) it has; that row's cache is copied to each of its sequences, and each sequence
+   samples its first token from the row's logits with its own generator (choice i of a
+   request seeded s samples what a lone request seeded s + i does);
 2. merges the new sequences' KV cache into the running batch (left-padding the shorter
    cache, so every row ends at the same cache position);
 3. runs one decode step for every running sequence and drops the finished ones.
@@ -15,9 +18,16 @@ count only each row's real tokens, so a row computes what it would compute alone
 
 A request that fails on its own (its generator cannot be made, its sampling raises or
 gives a non-finite logprob) fails alone; its rows leave the batch and the others go on.
-Only a failing model forward fails the whole batch. Weight updates are checked
-(`weight_check`) and copied into the running model in place (`stage_weights`,
-`apply_weights`); the model object and its architecture never change.
+Only a failing model forward fails the whole batch.
+
+Weight updates are read and checked off the engine thread (`stage_weights`, see
+`weight_check`), then copied into the running model in place (`apply_weights`) between
+two loop iterations, never during a forward; the model object and its architecture never
+change. `weight_step` is the step of the weights in the model, and every sampled token
+records it (`Completion.weight_steps`): sequences running across an update go on under
+the new weights with the cache computed under the old ones (as PipelineRL does), so a
+choice's steps never decrease. Whether requests may run across an update is the
+caller's choice (`gate.py`).
 """
 
 from __future__ import annotations
@@ -52,12 +62,14 @@ class SamplingParams:
 
 @dataclass
 class Completion:
-    """One finished choice: completion token ids, their logprobs, the text, why it stopped."""
+    """One finished choice: completion token ids, their logprobs, the text, why it stopped, and the weight
+    step each token was sampled under."""
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    weight_steps: list[int]  # one per token, never decreasing
 
 
 @dataclass
@@ -79,6 +91,7 @@ class _Seq:
     generator: torch.Generator
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    weight_steps: list[int] = field(default_factory=list)
     text_len: int = 0  # characters of text already searched for stop strings
     failed: bool = False  # its request failed: the row is dropped at the next retire
 
@@ -125,6 +138,8 @@ class Engine:
         self._queue: queue.Queue[_Request] = queue.Queue()
         self._waiting: _Request | None = None  # admitted next, once a slot is free
         self._lock = threading.Lock()  # held while the model runs; apply_weights takes it
+        self._turn = threading.Lock()  # held by an apply_weights waiting for `_lock`: the loop lets it go first
+        self.weight_step = 0  # the step of the weights in the model; every sampled token records it
         self._stop = threading.Event()
         # The running batch: one row per sequence.
         self._seqs: list[_Seq] = []
@@ -169,12 +184,17 @@ class Engine:
         params = self.model.state_dict()
         return {name: t.to(device=self.device, dtype=params[name].dtype) for name, t in tensors.items()}
 
-    def apply_weights(self, staged: dict[str, torch.Tensor]) -> None:
-        """Copy staged tensors into the running model in place. Call only when no request runs."""
+    def apply_weights(self, staged: dict[str, torch.Tensor], step: int) -> None:
+        """Copy staged tensors into the running model in place, as weight step `step`.
+
+        Waits for the loop's current iteration and goes before its next one, so never during a forward:
+        running sequences go on with the new weights (their cache from the old ones is kept) and their
+        later tokens record `step`."""
         params = self.model.state_dict()
-        with self._lock, torch.no_grad():
+        with self._turn, self._lock, torch.no_grad():
             for name, tensor in staged.items():
                 params[name].copy_(tensor)
+            self.weight_step = step
 
     def reset(self) -> None:
         """Drop cached memory (the engine keeps no cache between requests)."""
@@ -189,6 +209,8 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            with self._turn:  # a waiting apply_weights takes `_lock` before the next iteration does
+                pass
             new: list[_Request] = []
             try:
                 new = self._admit()
@@ -231,26 +253,31 @@ class Engine:
         return seqs
 
     def _prefill(self, requests: list[_Request]) -> None:
-        seqs = []
+        """Prefill each request's prompt once (one left-padded row per request), then give each of its `n`
+        sequences a copy of that row's cache and sample its first token from the row's logits."""
+        started: list[tuple[_Request, list[_Seq]]] = []
         for request in requests:
             try:
-                seqs += self._start(request)
+                started.append((request, self._start(request)))
             except Exception as exc:  # a request that cannot start fails alone, not the batch
                 log.warning(f"request failed before prefill: {type(exc).__name__}: {exc}")
                 request.future.set_exception(exc)
-        if not seqs:
+        if not started:
             return
-        width = max(len(s.request.prompt_ids) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            prompt = seq.request.prompt_ids
+        width = max(len(request.prompt_ids) for request, _ in started)
+        ids = torch.full((len(started), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(started), width), dtype=torch.long)
+        for row, (request, _) in enumerate(started):
+            prompt = request.prompt_ids
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
         cache = DynamicCache()
         logits = self._forward(ids, mask, cache)
-        next_tokens = self._sample(seqs, logits)
-        self._merge(seqs, cache, mask, next_tokens)
+        rows = torch.repeat_interleave(torch.tensor([len(seqs) for _, seqs in started]))  # request r's row, n times
+        _take(cache, rows)
+        seqs = [seq for _, request_seqs in started for seq in request_seqs]
+        next_tokens = self._sample(seqs, logits[rows])
+        self._merge(seqs, cache, mask[rows], next_tokens)
         self._retire()
 
     def _decode(self) -> None:
@@ -298,6 +325,7 @@ class Engine:
         for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist(), strict=True):
             seq.token_ids.append(token)
             seq.logprobs.append(logprob)
+            seq.weight_steps.append(self.weight_step)
         return tokens
 
     def _merge(self, seqs: list[_Seq], cache: DynamicCache, mask: torch.Tensor, next_tokens: torch.Tensor) -> None:
@@ -335,10 +363,7 @@ class Engine:
         # Drop cache columns that are padding in every remaining row.
         start = int(self._mask.any(dim=0).nonzero()[0])
         self._mask = self._mask[:, start:]
-        device_index = index.to(self.device)
-        for layer in self._cache.layers:
-            layer.keys = layer.keys[device_index, :, start:]
-            layer.values = layer.values[device_index, :, start:]
+        _take(self._cache, index, start)
 
     def _finished(self, seq: _Seq) -> tuple[str, str] | None:
         """(finish_reason, text) when `seq` is done, else None."""
@@ -359,7 +384,7 @@ class Engine:
 
     def _complete(self, seq: _Seq, reason: str, text: str) -> None:
         request = seq.request
-        request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason)
+        request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason, seq.weight_steps)
         if all(r is not None for r in request.results) and not request.future.done():
             request.future.set_result(list(request.results))
 
@@ -376,6 +401,13 @@ class Engine:
             if not request.future.done():
                 request.future.set_exception(exc)
         self._seqs, self._cache, self._mask, self._next = [], None, None, None
+
+
+def _take(cache: DynamicCache, rows: torch.Tensor, start: int = 0) -> None:
+    """Keep the cache rows `rows` (in that order; a row may repeat) and its positions from `start` on."""
+    index = rows.to(cache.layers[0].keys.device)
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[index, :, start:], layer.values[index, :, start:]
 
 
 def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -11,8 +11,10 @@
 - Generate requests are parsed strictly first (`protocol.parse_json`: no NaN/Infinity,
   lone surrogates or deep nesting reach vLLM; 400 instead).
 - Non-streaming JSON answers of `/v1/completions` and `/v1/chat/completions` get a
-  top-level `weight_step` (the step they were admitted under; see `gate.py`), and
-  completions a top-level `prompt_token_ids` (vLLM puts it on each choice).
+  top-level `weight_step` (the step they were admitted under; see `gate.py`), each choice
+  with `token_ids` its `token_weight_steps` (all that step: updates here always drain;
+  `"in_flight": true` is a 400), and completions a top-level `prompt_token_ids` (vLLM puts
+  it on each choice).
 - prompt + max_tokens beyond the context is a 400, as with the builtin backend (vLLM
   itself clamps max_tokens to the room left). A max_tokens that alone fills the context
   is refused before generating; otherwise the prompt's length is known only from the
@@ -143,6 +145,7 @@ class PrimeRLMiddleware:
                 return 400
         payload["weight_step"] = step
         lift_prompt_token_ids(payload)
+        stamp_token_weight_steps(payload, step)
         return None
 
     async def _checked(self, path: Path) -> None:
@@ -155,6 +158,8 @@ class PrimeRLMiddleware:
         try:
             _, parsed = await self._body(receive)
             body = UpdateWeightsRequest.model_validate(parsed)
+            if body.in_flight:
+                raise UserError("in-flight weight updates need the builtin backend")
             path, step = check_weight_dir(body.path, body.step, self.policy.weight_roots)
             await self._checked(path)
         except ValidationError as exc:
@@ -173,6 +178,13 @@ class PrimeRLMiddleware:
         except Exception as exc:  # a load that fails (shape mismatch, ...) leaves the old step in place
             return await send_error(send, 400, f"cannot load weights from {path}: {exc}")
         await send_json(send, 200, {"weight_step": step})
+
+
+def stamp_token_weight_steps(payload: dict, step: int) -> None:
+    """Every choice's `token_weight_steps`: all `step`, since vLLM's updates drain (`gate.py`)."""
+    for choice in payload.get("choices") or []:
+        if isinstance(choice, dict) and isinstance(choice.get("token_ids"), list):
+            choice["token_weight_steps"] = [step] * len(choice["token_ids"])
 
 
 def lift_prompt_token_ids(payload: dict) -> None:

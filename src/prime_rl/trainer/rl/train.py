@@ -122,9 +122,11 @@ def train(config: TrainerConfig) -> None:
             session.scheduler.step()
             step_time = time.perf_counter() - start
             tokens = sum(mb.num_tokens for mb in batch.micro_batches) * config.update_epochs
-            lens = torch.cat([mb.sample_lens for mb in batch.micro_batches]).float()
-            metrics.update({"optim/lr": lr, "optim/grad_norm": grad_norm, "async/wait_for_batch_s": waited})
-            metrics.update(session.perf_metrics(tokens, step_time, float(lens.mean())))
+            # A segment's full length (a branch counts its shared root): the attention span in perf/mfu.
+            spans = torch.cat([mb.position_ids[mb.sample_lens.cumsum(0) - 1] + 1 for mb in batch.micro_batches])
+            metrics.update({"optim/lr": lr, "optim/grad_norm": grad_norm, "async/wait_for_batch_s": waited,
+                            "perf/trainer_idle_frac": waited / max(waited + step_time, 1e-9)})
+            metrics.update(session.perf_metrics(tokens, step_time, float(spans.float().mean())))
             session.log_metrics(metrics, step)
             session.after_step(step + 1, write=True)
     finally:

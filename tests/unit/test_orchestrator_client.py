@@ -1,0 +1,119 @@
+"""The orchestrator's HTTP client against a raw local server: every bad answer is a one-line InferenceError."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+
+import pytest
+
+from prime_rl.orchestrator import client as client_module
+from prime_rl.orchestrator.client import InferenceClient, InferenceError
+from prime_rl.orchestrator.config import ClientConfig
+
+GOOD = (b'{"prompt_token_ids": [1], "weight_step": 3, "choices": [{"index": 0, "token_ids": [5], '
+        b'"finish_reason": "stop", "logprobs": {"content": [{"logprob": -1.0}]}}]}')
+ANSWERS = {  # what the server sends for a request whose body mentions the key
+    "good": (200, GOOD),
+    "error": (500, b'{"error": {"message": "engine exploded"}}'),
+    "html": (502, b"<html>bad gateway</html>"),
+    "invalid": (200, b"{not json"),
+    "list": (200, b"[]"),
+    "null": (200, b"null"),
+}
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            request = await reader.readexactly(length)
+            if b"hang" in request:
+                await asyncio.sleep(3600)
+            status, body = next(answer for key, answer in ANSWERS.items() if key.encode() in request)
+            writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (status, len(body), body))
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+
+
+def chat_as(what: str, timeout_s: float = 5.0):
+    """The error (or result) of one chat request whose message is `what`."""
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        config = ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", timeout_s=timeout_s, connect_timeout_s=2.0)
+        try:
+            async with InferenceClient(config) as client:
+                return await client.chat([{"role": "user", "content": what}], 1, 1.0, 1.0, 4)
+        except InferenceError as exc:
+            return exc
+        finally:
+            server.close()
+
+    return asyncio.run(go())
+
+
+def test_a_good_answer_parses():
+    result = chat_as("good")
+    assert result.weight_step == 3 and result.completions[0].weight_steps == [3]
+
+
+@pytest.mark.parametrize("what, message", [
+    ("error", "answered 500 to .*/v1/chat/completions: engine exploded$"),
+    ("html", "answered 502 to .*: <html>bad gateway</html>$"),
+    ("invalid", "with no JSON object: b'{not json'$"),
+    ("list", r"with no JSON object: b'\[\]'$"),
+    ("null", "with no JSON object: b'null'$"),
+])
+def test_bad_answers_are_one_line_inference_errors(what, message):
+    error = chat_as(what)
+    assert isinstance(error, InferenceError) and "\n" not in str(error)
+    assert re.search(message, str(error)), str(error)
+
+
+def test_a_server_that_does_not_answer_is_a_timeout_naming_the_limit():
+    start = time.monotonic()
+    error = chat_as("hang", timeout_s=0.5)
+    assert isinstance(error, InferenceError) and "did not answer" in str(error) and "within 0.5s" in str(error)
+    assert time.monotonic() - start < 5
+
+
+def test_a_connection_that_never_opens_is_retried_then_unreachable(monkeypatch):
+    """A listening socket whose accept queue is full drops SYNs: each connect attempt times out. That is a
+    connection failure (retried until connect_timeout_s), not a server that did not answer."""
+    monkeypatch.setattr(client_module, "CONNECT_ATTEMPT_S", 0.3)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(s)
+    time.sleep(0.1)
+
+    async def go():
+        config = ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", timeout_s=600, connect_timeout_s=1.5)
+        async with InferenceClient(config) as client:
+            with pytest.raises(InferenceError, match=r"unreachable for 1.5s \(ConnectionTimeoutError"):
+                await client.chat([{"role": "user", "content": "x"}], 1, 1.0, 1.0, 4)
+
+    start = time.monotonic()
+    try:
+        asyncio.run(go())
+    finally:
+        for s in [*fillers, listener]:
+            s.close()
+    assert 1.0 < time.monotonic() - start < 6
