@@ -407,9 +407,10 @@ def test_vllm_returns_token_ids_logprobs_and_weight_step(vllm_server, tokenizer,
         logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
         check_choice(choice, tokenizer, logprobs, 12)
         assert_matches(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"], logprobs, 0.7)
+        assert choice["token_weight_steps"] == [0] * len(choice["token_ids"])  # stamped by the middleware
     data = completion_r.json()
     choice = data["choices"][0]
-    assert data["weight_step"] == 0
+    assert data["weight_step"] == 0 and choice["token_weight_steps"] == [0] * len(choice["token_ids"])
     assert_matches(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"],
                    choice["logprobs"]["token_logprobs"], 0.7)
 
@@ -422,6 +423,8 @@ def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, weight_root)
     outside = httpx.post(f"{vllm_server}/update_weights", json={"path": str(vllm_model_dir.parent)}, timeout=30)
     assert outside.status_code == 403, outside.text
     new_dir = save_random_model(weight_root / "vllm" / "step_1", seed=1, **VLLM_MODEL)
+    in_flight = httpx.post(f"{vllm_server}/update_weights", json={"path": str(new_dir), "in_flight": True}, timeout=30)
+    assert in_flight.status_code == 400 and "need the builtin backend" in in_flight.json()["error"]["message"]
     update = httpx.post(f"{vllm_server}/update_weights", json={"path": str(new_dir)}, timeout=300)
     assert update.status_code == 200 and update.json() == {"weight_step": 1}, update.text
     body = {"model": str(vllm_model_dir), "prompt": "weights", "max_tokens": 16, "temperature": 1.0,
@@ -429,6 +432,7 @@ def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, weight_root)
     data = httpx.post(f"{vllm_server}/v1/completions", json=body, timeout=120).json()
     assert data["weight_step"] == 1
     choice = data["choices"][0]
+    assert choice["token_weight_steps"] == [1] * len(choice["token_ids"])
     assert_matches(new_dir, data["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"], 1.0)
     stale = reference_logprobs(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"], 1.0)
     assert not torch.allclose(stale, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-3)
