@@ -44,6 +44,11 @@ class EnvConfig(BaseConfig):
     """Relative probability that a prompt is drawn from this environment."""
     name: str | None = None
     """Name in metrics (reward/<name>/...); default: the id. Must be unique."""
+    score_timeout_s: PositiveFloat = 60.0
+    """Longest one `score` call may take; past it the rollout fails (see on_error)."""
+    on_error: Literal["zero", "fail"] = "zero"
+    """When scoring a rollout raises or times out: zero: the rollout scores 0 and the run goes on (one warning line
+    naming the example; rollout/env_error_frac); fail: the run stops with that error."""
 
     @property
     def metric_name(self) -> str:

@@ -34,12 +34,13 @@ def reward_metrics(groups: list[Group]) -> dict[str, float]:
 
 
 def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
-    """seq_len/*, rollout/truncated_frac, async/policy_lag_* (per rollout: its oldest token) and
+    """seq_len/*, rollout/truncated_frac, rollout/env_error_frac, async/policy_lag_* (per rollout: its oldest token) and
     async/token_lag_* (per completion token: step - the weight step it was sampled under) over all
     generated rollouts."""
     prompt_lens = [len(g.result.prompt_token_ids) for g in groups for _ in g.result.completions]
     completion_lens = [len(c.token_ids) for g in groups for c in g.result.completions]
     truncated = [c.truncated for g in groups for c in g.result.completions]
+    env_errors = sum(e is not None for g in groups for e in g.errors)
     lags = [step - g.result.policy_step(c) for g in groups for c in g.result.completions]
     token_lags = [step - s for g in groups for c in g.result.completions for s in c.weight_steps]
     n = max(len(completion_lens), 1)
@@ -50,6 +51,7 @@ def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
         "seq_len/completion_mean": sum(completion_lens) / n,
         "seq_len/completion_max": float(max(completion_lens, default=0)),
         "rollout/truncated_frac": sum(truncated) / n,
+        "rollout/env_error_frac": env_errors / n,
         "async/policy_lag_mean": sum(lags) / n,
         "async/policy_lag_max": float(max(lags, default=0)),
     }

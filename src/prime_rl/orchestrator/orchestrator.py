@@ -76,7 +76,8 @@ class Orchestrator:
         for i, env_config in enumerate(self.config.env):
             env = load_env(env_config.id, **env_config.args)
             examples = env.examples(seed=self.config.seed + EVAL_SEED_OFFSET + i)
-            draws += [Draw(env_config.metric_name, env, next(examples)) for _ in range(self.config.eval.num_examples)]
+            draws += [Draw(env_config.metric_name, env, next(examples), env_config)
+                      for _ in range(self.config.eval.num_examples)]
         return draws
 
     async def _generate(self, draws: list[Draw], step: int, first_index: int) -> list[Group]:

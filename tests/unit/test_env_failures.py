@@ -1,0 +1,86 @@
+"""An environment whose `score` raises or hangs: the rollout scores 0 with one warning line, or, with
+on_error = "fail", the run stops with that line; never a traceback out of the orchestrator."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+import pytest
+
+from prime_rl.envs import Example, Reward
+from prime_rl.envs.base import Environment
+from prime_rl.orchestrator import rollouts
+from prime_rl.orchestrator.client import ChatResult, Completion
+from prime_rl.orchestrator.config import EnvConfig
+from prime_rl.orchestrator.metrics import rollout_metrics
+from prime_rl.orchestrator.rollouts import Draw, EnvironmentFailed, score_group
+from prime_rl.utils.errors import UserError
+
+EXAMPLE = Example([{"role": "user", "content": "reverse: abc"}], "cba")
+
+
+class Flaky(Environment):
+    """Scores "good" 1, raises on "boom", hangs on "hang", else 0.5."""
+
+    id = "flaky"
+
+    def examples(self, seed=0):
+        while True:
+            yield EXAMPLE
+
+    async def score(self, example, completion):
+        if completion == "boom":
+            raise KeyError("no such field")
+        if completion == "hang":
+            await asyncio.sleep(3600)
+        return Reward(1.0 if completion == "good" else 0.5, {"part": 1.0})
+
+
+def result(*texts: str) -> ChatResult:
+    return ChatResult([1, 2], 0, [Completion([5], [-0.1], t, "stop", [0]) for t in texts])
+
+
+def score(texts, **config) -> list:
+    draw = Draw("flaky", Flaky(), EXAMPLE, EnvConfig(**{"score_timeout_s": 0.2, **config}))
+    return asyncio.run(score_group(draw, result(*texts)))
+
+
+def test_a_raising_or_hanging_score_is_a_zero_reward_and_one_warning(caplog, monkeypatch):
+    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    caplog.set_level(logging.WARNING)
+    group = score(["good", "boom", "hang", "meh"])
+    assert group.rewards == [1.0, 0.0, 0.0, 0.5]
+    assert group.components == [{"part": 1.0}, {}, {}, {"part": 1.0}]
+    assert group.errors[0] is None and group.errors[3] is None
+    assert group.errors[1] == "score raised KeyError: 'no such field'"
+    assert group.errors[2] == "score took longer than score_timeout_s = 0.2s"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("\n" not in w for w in warnings)
+    assert all(w.startswith("environment 'flaky': score") and '"reverse: abc"' in w and "the rollout scores 0" in w
+               for w in warnings)
+    metrics = rollout_metrics([group], step=0)
+    assert metrics["rollout/env_error_frac"] == 0.5
+
+
+def test_many_failures_are_logged_sparsely(caplog, monkeypatch):
+    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    caplog.set_level(logging.WARNING)
+    score(["boom"] * 120)
+    counts = [int(r.getMessage().split("(failure ")[1].split(" ")[0]) for r in caplog.records]
+    assert counts == [1, 2, 3, 4, 5, 10, 100]
+
+
+def test_on_error_fail_stops_with_the_same_one_line():
+    with pytest.raises(EnvironmentFailed, match=r"^environment 'flaky': score raised KeyError: 'no such field' "
+                                                 r"\(example prompt \"reverse: abc\", answer \"cba\"\)$"):
+        score(["good", "boom"], on_error="fail")
+    assert issubclass(EnvironmentFailed, UserError)  # a one-line error, exit code 2
+
+
+def test_env_config_rejects_bad_failure_settings():
+    with pytest.raises(ValueError):
+        EnvConfig(on_error="ignore")
+    with pytest.raises(ValueError):
+        EnvConfig(score_timeout_s=0)
