@@ -127,3 +127,39 @@ def resume_and_check(args: list[str], run_dir: Path, log: Path, max_steps: int, 
         assert logged_steps(run_dir, source) == list(range(max_steps)), source
     assert not list(run_dir.glob("**/.*.tmp")), list(run_dir.glob("**/.*.tmp"))
     assert (run_dir / "metrics.png").exists()
+
+
+def rows_by_source(run_dir: Path, source: str) -> dict[int, dict]:
+    """The last metrics.jsonl line of each step logged by `source`."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["source"] == source:
+            rows[row["step"]] = row
+    return rows
+
+
+def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, max_tokens: int
+                                ) -> tuple[dict[int, dict], dict[int, dict]]:
+    """3 steps of `rl` on the embedded `tiny-reverse-text` with `env_table` (a TOML `[[orchestrator.env]]` table; a
+    test environment from `tests/`, which the processes get on PYTHONPATH), at max_async_level 0 (fp32, builtin):
+    asserts the run finished and that the trainer's logprobs equal the server's at every step (mismatch KL < 1e-6,
+    true only if every trained token sits where the server sampled it); returns the (trainer, orchestrator) rows."""
+    run_dir, config = tmp_path / "run", tmp_path / "rl.toml"
+    config.write_text(env_table)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
+    tests_dir = str(Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-m", "prime_rl.launch.rl", "@", str(config), "--model.name", "tiny-reverse-text",
+         "--output-dir", str(run_dir), "--max-steps", "3", "--max-async-level", "0", "--seq-len", str(seq_len),
+         "--orchestrator.batch-size", "16", "--orchestrator.rollouts-per-example", "4",
+         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    trainer, orchestrator = rows_by_source(run_dir, "trainer"), rows_by_source(run_dir, "orchestrator")
+    assert sorted(trainer) == sorted(orchestrator) == [0, 1, 2]
+    for step, row in trainer.items():
+        assert abs(row["loss/mismatch_kl"]) < 1e-6, (step, row["loss/mismatch_kl"])
+    return trainer, orchestrator

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import Future
 
 import httpx
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
@@ -17,6 +18,7 @@ from prime_rl.inference.gate import WeightGate
 from prime_rl.inference.policy import Policy
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
 from prime_rl.utils.tiny_model import save_random_model
+from prime_rl.utils.tool_calls import format_tool_call
 
 ANSWER = "ok, <|im_end|>"  # several tokens, a special one among them
 
@@ -43,8 +45,8 @@ def client_of(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60)
 
 
-def call(requests: list[tuple[str, str, dict | None]]) -> list[httpx.Response]:
-    app = create_app(StubEngine(), "stub", WeightGate())
+def call(requests: list[tuple[str, str, dict | None]], engine=None) -> list[httpx.Response]:
+    app = create_app(engine or StubEngine(), "stub", WeightGate())
 
     async def go():
         async with client_of(app) as client:
@@ -97,6 +99,99 @@ def test_logprobs_entries_are_each_tokens_text_bytes_and_offset():
         assert logprobs["text_offset"] == [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
         assert choice["token_weight_steps"] == [7] * len(ids)
     assert chat.json()["weight_step"] == completion.json()["weight_step"] == 7  # the first token's step
+
+
+TOOL_TEMPLATE = (  # renders `tools` and assistant `tool_calls` as Qwen's template does (arguments through tojson)
+    "{% for tool in tools or [] %}{{ 'tool:' + tool['function']['name'] + '\n' }}{% endfor %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') }}"
+    "{% for c in m['tool_calls'] or [] %}"
+    "{{ '<tool_call>' + {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}"
+    "{{ '</tool_call>' }}{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TOOLS = [{"type": "function", "function": {"name": "multiply", "parameters": {"type": "object", "properties": {}}}}]
+CALLS = format_tool_call("multiply", {"a": 12, "b": 34}) + format_tool_call("add", {"a": 1, "b": 2})
+
+
+class ScriptedEngine(StubEngine):
+    """Answers `text` (finishing with `finish_reason`) and keeps the prompts it is given, as text."""
+
+    context_len = 512
+
+    def __init__(self, text: str, finish_reason: str = "stop"):
+        self.tokenizer = build_char_tokenizer()
+        self.tokenizer.chat_template = TOOL_TEMPLATE
+        self.text, self.finish_reason, self.prompts = text, finish_reason, []
+
+    def submit(self, prompt_ids, params, n=1):
+        self.prompts.append(self.tokenizer.decode(prompt_ids))
+        ids = self.tokenizer(self.text, add_special_tokens=False)["input_ids"]
+        future = Future()
+        future.set_result([Completion(ids, [-0.25] * len(ids), self.text, self.finish_reason, [0] * len(ids))] * n)
+        return future
+
+
+def chat_with_tools(text: str, finish_reason: str = "stop", **fields) -> dict:
+    engine = ScriptedEngine(text, finish_reason)
+    body = {"messages": [{"role": "user", "content": "12*34"}], "tools": TOOLS} | fields
+    (response,) = call([("POST", "/v1/chat/completions", body)], engine)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]
+
+
+def test_tool_call_text_becomes_tool_calls_and_the_tokens_stay_as_sampled():
+    choice = chat_with_tools(f"Let me see.\n{CALLS}")
+    assert choice["message"] == {"role": "assistant", "content": "Let me see.", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 12, "b": 34}'}},
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}},
+    ]}
+    assert choice["finish_reason"] == "tool_calls"
+    ids = StubEngine.tokenizer(f"Let me see.\n{CALLS}", add_special_tokens=False)["input_ids"]
+    assert choice["token_ids"] == ids and len(choice["logprobs"]["content"]) == len(ids)
+    only_calls = chat_with_tools(CALLS, finish_reason="length")
+    assert only_calls["message"]["content"] is None and len(only_calls["message"]["tool_calls"]) == 2
+    assert only_calls["finish_reason"] == "length"  # cut by max_tokens: not a finished call
+
+
+def test_tool_calls_are_left_as_text_without_tools_with_tool_choice_none_or_a_malformed_block():
+    for text, fields in [(CALLS, {"tool_choice": "none"}), (CALLS, {"tools": None}),
+                         (f"{CALLS}<tool_call>{{oops</tool_call>", {"tool_choice": "auto"})]:
+        choice = chat_with_tools(text, **fields)
+        assert choice["message"] == {"role": "assistant", "content": text} and choice["finish_reason"] == "stop"
+
+
+def test_tools_and_tool_messages_reach_the_chat_template():
+    engine = ScriptedEngine("408")
+    messages = [
+        {"role": "user", "content": "12*34"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 12, "b": 34}'}}]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "multiply", "content": "408"},
+    ]
+    (response,) = call([("POST", "/v1/chat/completions", {"messages": messages, "tools": TOOLS})], engine)
+    assert response.status_code == 200, response.text
+    assert engine.prompts == [
+        "tool:multiply\n<|im_start|>user\n12*34<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call><|im_end|>\n'
+        "<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"
+    ]  # arguments sent as a JSON string reach the template as an object, rendered once
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"tools": "multiply"}, "tools: Input should be a valid list"),
+    ({"tools": [{"type": "function", "function": {}}]}, "tools.0.function.name: Field required"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools.0.type: Input should be 'function'"),
+    ({"tool_choice": "required"}, 'tool_choice must be "auto" or "none"'),
+    ({"tool_choice": {"type": "function", "function": {"name": "multiply"}}}, 'tool_choice must be "auto" or "none"'),
+    ({"messages": [{"role": "user", "content": None}]}, "content is required"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "content is required"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "arguments string is not valid JSON"),
+])
+def test_bad_tools_tool_choice_and_tool_messages_are_400s(fields, message):
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS} | fields
+    (response,) = call([("POST", "/v1/chat/completions", body)], ScriptedEngine("x"))
+    assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
 
 
 def mixed_logprobs(old_dir, new_dir, prompt_ids: list[int], token_ids: list[int], cut: int) -> torch.Tensor:

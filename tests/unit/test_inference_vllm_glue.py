@@ -41,6 +41,17 @@ def test_vllm_args_pass_engine_options_and_prime_rl_hooks(tmp_path):
     assert pairs["--served-model-name"] == model
 
 
+def test_vllm_parses_tool_calls_only_with_a_tool_call_parser(tmp_path):
+    def args(**vllm):
+        return vllm_args(InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "port": 9001,
+                                                          "vllm": vllm}))
+
+    assert "--enable-auto-tool-choice" not in args() and "--tool-call-parser" not in args()
+    with_parser = args(tool_call_parser="hermes")
+    at = with_parser.index("--enable-auto-tool-choice")
+    assert with_parser[at + 1:at + 3] == ["--tool-call-parser", "hermes"]
+
+
 def test_vllm_loads_an_embedded_model_from_its_path_and_serves_it_by_name(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setitem(embedded_models.EMBEDDED_MODELS, "tiny-test", tmp_path)

@@ -45,6 +45,14 @@ def test_multi_turn_trains_every_assistant_turn(tok):
     assert trained_text(tok, tokenize_conversation(tok, messages)) == "x<|im_end|>yz<|im_end|>"
 
 
+def test_an_assistant_message_marked_train_false_is_context_only(tok):
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x", "train": False},
+                {"role": "user", "content": "b"}, {"role": "assistant", "content": "yz"}]
+    sample = tokenize_conversation(tok, messages)
+    assert trained_text(tok, sample) == "yz<|im_end|>"
+    assert "<|im_start|>assistant\nx<|im_end|>" in tok.decode(sample.input_ids)
+
+
 def test_no_assistant_message_is_an_error(tok):
     with pytest.raises(UserError, match="no assistant"):
         tokenize_conversation(tok, [{"role": "user", "content": "hi"}])

@@ -8,7 +8,7 @@
 See docs/orchestrator.md for the built-ins and how to add one.
 """
 
-from prime_rl.envs import alphabet_sort, arithmetic, reverse_text  # noqa: F401  (each registers its built-in)
+from prime_rl.envs import alphabet_sort, arithmetic, calculator, reverse_text, reverse_text_hint  # noqa: F401  (each registers its built-in)
 from prime_rl.envs.base import Environment, Example, Reward, SyntheticEnvironment
 from prime_rl.envs.registry import ENVIRONMENTS, load_env, register_env
 

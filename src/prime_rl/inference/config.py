@@ -56,6 +56,8 @@ class VLLMConfig(BaseConfig):
     """Skip CUDA graphs / compilation (vLLM --enforce-eager): faster start, slower decode."""
     dtype: str = "auto"
     """Model dtype (vLLM --dtype)."""
+    tool_call_parser: Annotated[str, Field(min_length=1)] | None = None
+    """vLLM's parser of the model's tool-call text into `tool_calls` (e.g. "hermes" for Qwen models): when set, vLLM runs with --enable-auto-tool-choice --tool-call-parser <name>, and chat requests may send `tools` with tool_choice "auto"."""
     extra_args: list[str] = Field(default_factory=list)
     """Further vLLM server arguments, verbatim (e.g. ["--max-num-seqs", "256"])."""
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+
+from prime_rl.utils.tool_calls import parse_arguments
 
 MAX_JSON_DEPTH = 32  # the deepest request the API defines is 4 levels; deeper nesting is refused
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the seed range, as vLLM's
@@ -82,11 +84,64 @@ def parse_json(raw: bytes) -> Any:
     return value
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: dict[str, Any]
+    """An object, or (as OpenAI sends it) a JSON string holding one: parsed, as chat templates expect a dict."""
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _parse_arguments(cls, value: Any) -> dict[str, Any]:
+        return parse_arguments(value)
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
+    """A message: `content` is text, or null in an assistant message with `tool_calls`; a `tool` message answers
+    a call (`tool_call_id`, `name`). Other keys pass through to the chat template."""
+
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: str
+    content: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (it may be null only in an assistant message with tool_calls)")
+        return self
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template gets it: the keys the client sent (`content` always), arguments as
+        dicts."""
+        return {"content": self.content, **self.model_dump(exclude_unset=True)}
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+
+
+class Tool(BaseModel):
+    """An OpenAI tool schema, checked loosely: a function with a name (the rest goes to the chat template as sent)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: ToolFunction
 
 
 class SamplingFields(BaseModel):
@@ -127,6 +182,24 @@ class SamplingFields(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Any = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _auto_or_none(cls, value: Any) -> Any:
+        if value not in (None, "auto", "none"):
+            raise ValueError('tool_choice must be "auto" or "none" (the builtin backend cannot force a tool call)')
+        return value
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the answer's tool-call text becomes `tool_calls`: tools were given and tool_choice is not none."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The `tools=` of the chat template: the schemas as sent, or None."""
+        return [tool.model_dump(exclude_unset=True) for tool in self.tools] if self.tools else None
 
     @model_validator(mode="after")
     def _one_limit(self):

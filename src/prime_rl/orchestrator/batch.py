@@ -1,8 +1,10 @@
 """Training samples and their packing into the per-rank micro-batches of `utils.batch_format`.
 
-A sample is prompt + completion: `loss_mask` is true on the completion tokens (none when
-masked), `inference_logprobs` are the server's logprobs there, and the sample's scalar
-advantage is broadcast to its completion tokens (both 0 off the loss mask).
+A sample is prompt + completion: `loss_mask` is true on the completion tokens the policy
+sampled (a multi-turn completion also holds the environment's tokens between turns:
+`completion_mask` false there; no token when the sample is masked), `inference_logprobs`
+are the server's logprobs there, and the sample's scalar advantage is broadcast to its
+trained tokens (both 0 off the loss mask).
 
 Shared prefixes: consecutive samples with the same prompt (a group's completions) form one
 *unit*, its prompt laid out once (`utils.batch_format`: root = prompt[:-1], one branch
@@ -35,6 +37,13 @@ class Sample:
     advantage: float
     policy_step: int
     train: bool = True  # false: every loss_mask entry is false (e.g. a masked truncated completion)
+    completion_mask: list[bool] | None = None  # per completion token: sampled by the policy (None: all were)
+
+    def trained(self) -> list[bool]:
+        """Per completion token: does it carry loss."""
+        if not self.train:
+            return [False] * len(self.completion_ids)
+        return list(self.completion_mask) if self.completion_mask is not None else [True] * len(self.completion_ids)
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -46,8 +55,9 @@ class Sample:
             return self
         if len(self.prompt_ids) >= max_len:
             raise ValueError(f"a prompt of {len(self.prompt_ids)} tokens does not fit seq_len {max_len}")
+        mask = self.completion_mask[:keep] if self.completion_mask is not None else None
         return Sample(self.prompt_ids, self.completion_ids[:keep], self.completion_logprobs[:keep],
-                      self.advantage, self.policy_step, self.train)
+                      self.advantage, self.policy_step, self.train, mask)
 
 
 def assign_rows(row_tokens: list[int], world_size: int) -> list[list[int]]:
@@ -95,14 +105,14 @@ class _Row:
     def segment(self, context: list[int], first_position: int, s: Sample | None, policy_step: int) -> None:
         """Append a segment from `first_position`: `context` tokens (not trained), then `s`'s completion
         (none for a root). Per-token values stay 0 off the loss mask (the contract)."""
-        completion = s.completion_ids if s is not None else []
-        train = s is not None and s.train
+        completion, logprobs = (s.completion_ids, s.completion_logprobs) if s is not None else ([], [])
+        trained = s.trained() if s is not None else []
         n = len(completion)
         self.ids += context + completion
         self.positions += list(range(first_position, first_position + len(context) + n))
-        self.mask += [False] * len(context) + [train] * n
-        self.logprobs += [0.0] * len(context) + (list(s.completion_logprobs) if train else [0.0] * n)
-        self.advantages += [0.0] * len(context) + [s.advantage if train else 0.0] * n
+        self.mask += [False] * len(context) + trained
+        self.logprobs += [0.0] * len(context) + [lp if t else 0.0 for lp, t in zip(logprobs, trained, strict=True)]
+        self.advantages += [0.0] * len(context) + [s.advantage if t else 0.0 for t in trained]
         self.lens.append(len(context) + n)
         self.steps.append(policy_step)
 

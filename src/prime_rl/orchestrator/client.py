@@ -1,10 +1,11 @@
 """Async HTTP client of the inference server: chat completions with token ids, weight updates.
 
 Reads the response contract of docs/inference.md (both backends): top-level
-`prompt_token_ids` and `weight_step`; per choice `token_ids`, `finish_reason`,
-`logprobs.content[].logprob` and `token_weight_steps` (when absent: all `weight_step`).
-Requests ask for `n` completions of one prompt with `logprobs: true, return_token_ids: true`
-(vLLM needs both). At most `max_concurrency` requests are in flight; an unreachable server
+`prompt_token_ids` and `weight_step`; per choice `token_ids`, `finish_reason`, the
+logprobs (`logprobs.content[].logprob` from chat, `logprobs.token_logprobs` from
+completions) and `token_weight_steps` (when absent: all `weight_step`). Requests ask for
+`n` completions of one prompt, a chat prompt (`chat`) or exact token ids (`complete`, for
+multi-turn rollouts), with logprobs and `return_token_ids: true` (vLLM needs both). At most `max_concurrency` requests are in flight; an unreachable server
 is retried until `connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set every request
 carries `Authorization: Bearer <key>`.
 """
@@ -32,11 +33,15 @@ class InferenceError(PrimeError):
 
 @dataclass
 class Completion:
+    """One rollout's tokens after the prompt: one chat choice, or a whole multi-turn conversation
+    (`orchestrator/conversation.py`), whose environment tokens have `mask` false and logprob 0."""
+
     token_ids: list[int]
     logprobs: list[float]
-    text: str
+    text: str  # of the (last) policy turn
     finish_reason: str  # "stop" or "length"
-    weight_steps: list[int] = field(default_factory=list)  # the weight step each token was sampled under
+    weight_steps: list[int] = field(default_factory=list)  # the weight step each sampled token was sampled under
+    mask: list[bool] | None = None  # per token: sampled by the policy (None: every token was)
 
     @property
     def truncated(self) -> bool:
@@ -60,21 +65,36 @@ def server_root(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
+def _choice_logprobs(choice: dict[str, Any]) -> list[float]:
+    """Per-token logprobs of a chat choice (`logprobs.content[].logprob`) or a completion choice
+    (`logprobs.token_logprobs`)."""
+    logprobs = choice["logprobs"]
+    if "content" in logprobs:
+        return [float(entry["logprob"]) for entry in logprobs["content"]]
+    return [float(lp) for lp in logprobs["token_logprobs"]]
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    if "message" in choice:
+        return (choice.get("message") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
 def parse_chat_response(data: dict[str, Any], n: int) -> ChatResult:
-    """Turn one chat-completions JSON body into a `ChatResult`; a missing field is an InferenceError."""
+    """Turn one chat-completions or completions JSON body into a `ChatResult`; a missing field is an
+    InferenceError."""
     try:
         weight_step = int(data.get("weight_step", 0))
         completions = []
         for choice in sorted(data["choices"], key=lambda c: c.get("index", 0)):
             token_ids = [int(t) for t in choice["token_ids"]]
-            logprobs = [float(entry["logprob"]) for entry in choice["logprobs"]["content"]]
+            logprobs = _choice_logprobs(choice)
             if len(logprobs) != len(token_ids):
                 raise ValueError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs")
-            text = (choice.get("message") or {}).get("content") or ""
             steps = [int(s) for s in choice.get("token_weight_steps", [weight_step] * len(token_ids))]
             if len(steps) != len(token_ids):
                 raise ValueError(f"{len(token_ids)} token ids but {len(steps)} token weight steps")
-            completions.append(Completion(token_ids, logprobs, text, choice["finish_reason"], steps))
+            completions.append(Completion(token_ids, logprobs, _choice_text(choice), choice["finish_reason"], steps))
         result = ChatResult([int(t) for t in data["prompt_token_ids"]], weight_step, completions)
     except (KeyError, TypeError, ValueError) as exc:
         raise InferenceError(f"malformed chat completion from the inference server ({type(exc).__name__}: {exc})") from None
@@ -160,13 +180,24 @@ class InferenceClient:
 
     async def chat(self, messages: list[dict[str, str]], n: int, temperature: float, top_p: float,
                    max_tokens: int, seed: int | None = None) -> ChatResult:
+        """`n` completions of a chat prompt (the server applies the chat template)."""
+        return await self._generate("chat/completions", {"messages": messages}, n, temperature, top_p, max_tokens,
+                                    seed)
+
+    async def complete(self, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int,
+                       seed: int | None = None) -> ChatResult:
+        """`n` completions of exactly these prompt token ids (token in, token out: nothing is re-tokenized)."""
+        return await self._generate("completions", {"prompt": prompt_ids}, n, temperature, top_p, max_tokens, seed)
+
+    async def _generate(self, route: str, prompt: dict[str, Any], n: int, temperature: float, top_p: float,
+                        max_tokens: int, seed: int | None) -> ChatResult:
         body: dict[str, Any] = {
-            "messages": messages,
+            **prompt,
             "n": n,
             "temperature": temperature,
             "top_p": top_p,
             "max_tokens": max_tokens,
-            "logprobs": True,
+            "logprobs": True if route == "chat/completions" else 0,  # completions: the sampled token's logprob
             "return_token_ids": True,
         }
         if self.model is not None:
@@ -174,7 +205,7 @@ class InferenceClient:
         if seed is not None:
             body["seed"] = seed
         async with self._limit:
-            data = await self._request("POST", f"{self.base_url}/chat/completions", body)
+            data = await self._request("POST", f"{self.base_url}/{route}", body)
         return parse_chat_response(data, n)
 
     async def served_step(self) -> int:

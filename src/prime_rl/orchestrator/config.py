@@ -45,10 +45,15 @@ class EnvConfig(BaseConfig):
     name: str | None = None
     """Name in metrics (reward/<name>/...); default: the id. Must be unique."""
     score_timeout_s: PositiveFloat = 60.0
-    """Longest one `score` call may take; past it the rollout fails (see on_error)."""
+    """Longest one `score` (or `score_group`) call may take; past it the rollout fails (see on_error)."""
+    respond_timeout_s: PositiveFloat = 60.0
+    """Longest one `respond` call of a multi-turn environment (its reply to a policy turn, tool calls included) may
+    take; past it the rollout fails (see on_error)."""
+    max_turns: Annotated[int, Field(gt=0)] | None = None
+    """Most policy turns per rollout of a multi-turn environment; none: the environment's own `max_turns`."""
     on_error: Literal["zero", "fail"] = "zero"
-    """When scoring a rollout raises or times out: zero: the rollout scores 0 and the run goes on (one warning line
-    naming the example; rollout/env_error_frac); fail: the run stops with that error."""
+    """When an environment call (respond, score) raises or times out: zero: the rollout scores 0 and the run goes on
+    (one warning line naming the example; rollout/env_error_frac); fail: the run stops with that error."""
 
     @property
     def metric_name(self) -> str:
@@ -60,9 +65,11 @@ class EnvConfig(BaseConfig):
         # starts anything). Other ids go to `verifiers` and are checked when the run starts.
         if self.id in ENVIRONMENTS or ":" in self.id:
             try:
-                load_env(self.id, **self.args)
+                env = load_env(self.id, **self.args)
             except UserError as exc:
                 raise ValueError(str(exc)) from None
+            if not env.multi_turn and self.max_turns not in (None, 1):
+                raise ValueError(f"environment '{self.id}' is single-turn: max_turns = {self.max_turns} has no effect")
         elif importlib.util.find_spec("verifiers") is None:
             raise ValueError(
                 f"unknown environment '{self.id}' (known: {', '.join(sorted(ENVIRONMENTS))}; "

@@ -98,7 +98,7 @@ class ContinuousRollouts:
         s = c.sampling
         try:
             (item,) = await generate_groups(self.orch.client, [draw], self.group_size, s.temperature, s.top_p,
-                                            s.max_tokens, [seed], c.truncated_reward)
+                                            s.max_tokens, [seed], c.truncated_reward, self.orch.conversations)
         except Exception as exc:  # raised by the batch that takes it
             item = exc
         self.in_flight -= 1

@@ -9,6 +9,8 @@ import torch
 from prime_rl.orchestrator.advantage import pass_at_k
 from prime_rl.orchestrator.rollouts import Group
 
+TOOL_ERROR_KINDS = ("bad_json", "unknown_tool", "bad_arguments", "exception", "timeout")
+
 
 def _stats(prefix: str, values: list[float], names: tuple[str, ...] = ("mean", "std", "min", "max")) -> dict:
     t = torch.tensor(values, dtype=torch.float64) if values else torch.zeros(1, dtype=torch.float64)
@@ -44,7 +46,7 @@ def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
     lags = [step - g.result.policy_step(c) for g in groups for c in g.result.completions]
     token_lags = [step - s for g in groups for c in g.result.completions for s in c.weight_steps]
     n = max(len(completion_lens), 1)
-    return {
+    return turn_metrics(groups) | {
         "async/token_lag_mean": sum(token_lags) / max(len(token_lags), 1),
         "async/token_lag_max": float(max(token_lags, default=0)),
         "seq_len/prompt_mean": sum(prompt_lens) / n,
@@ -55,6 +57,27 @@ def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
         "async/policy_lag_mean": sum(lags) / n,
         "async/policy_lag_max": float(max(lags, default=0)),
     }
+
+
+def turn_metrics(groups: list[Group]) -> dict[str, float]:
+    """Per rollout means of how its conversation went: policy turns, tool calls, tool errors by kind, environment
+    response time (per `respond` call), context truncation, and the sampled and environment tokens per turn."""
+    stats = [s for g in groups for s in g.stats]
+    n = max(len(stats), 1)
+    turns = max(sum(s.turns for s in stats), 1)
+    sampled, env = sum(s.sampled_tokens for s in stats), sum(s.env_tokens for s in stats)
+    metrics = {
+        "rollout/turns_mean": sum(s.turns for s in stats) / n,
+        "rollout/tool_calls_mean": sum(s.tool_calls for s in stats) / n,
+        "rollout/context_truncated_frac": sum(s.context_truncated for s in stats) / n,
+        "rollout/env_response_s": sum(s.env_s for s in stats) / max(sum(s.env_calls for s in stats), 1),
+        "rollout/sampled_token_frac": sampled / max(sampled + env, 1),
+        "seq_len/sampled_per_turn": sampled / turns,
+        "seq_len/env_per_turn": env / turns,
+    }
+    for kind in TOOL_ERROR_KINDS:
+        metrics[f"rollout/tool_errors/{kind}"] = sum(s.tool_errors[kind] for s in stats) / n
+    return metrics
 
 
 def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:

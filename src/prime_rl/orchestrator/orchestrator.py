@@ -26,6 +26,7 @@ from prime_rl.envs import load_env
 from prime_rl.monitor import Monitor
 from prime_rl.orchestrator.advantage import compute_advantages, zero_groups
 from prime_rl.orchestrator.batch import Sample, pack_batch
+from prime_rl.orchestrator.chat_tokens import ChatTokens
 from prime_rl.orchestrator.ckpt import (
     OrchestratorState,
     load_state,
@@ -36,6 +37,7 @@ from prime_rl.orchestrator.ckpt import (
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.continuous import ContinuousRollouts
+from prime_rl.orchestrator.conversation import ConversationRunner
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
 from prime_rl.orchestrator.weight_sync import WeightSync
@@ -67,9 +69,17 @@ class Orchestrator:
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
                                trusted_upto=state.step, in_flight=continuous)
         self.continuous = ContinuousRollouts(self) if continuous else None
+        self.conversations = self._conversations()
         self.eval_draws = self._eval_draws() if config.eval.interval else []
         self.generation_s = 0.0
         self.generated_tokens = 0
+
+    def _conversations(self) -> ConversationRunner | None:
+        """The token-in, token-out runner, with the served model's tokenizer, when an environment is multi-turn."""
+        if not any(env.multi_turn for env in self.source.envs.values()):
+            return None
+        model = self.config.model
+        return ConversationRunner(ChatTokens.load(model.path, model.trust_remote_code), self.config.seq_len)
 
     def _eval_draws(self) -> list[Draw]:
         draws = []
@@ -85,7 +95,7 @@ class Orchestrator:
         seeds = [request_seed(self.config.seed, step, first_index + i) for i in range(len(draws))]
         start = time.monotonic()
         groups = await generate_groups(self.client, draws, self.config.rollouts_per_example, s.temperature, s.top_p,
-                                       s.max_tokens, seeds, self.config.truncated_reward)
+                                       s.max_tokens, seeds, self.config.truncated_reward, self.conversations)
         self.generation_s += time.monotonic() - start
         self.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.result.completions)
         return groups
@@ -94,7 +104,7 @@ class Orchestrator:
         e = self.config.eval
         seeds = [request_seed(self.config.seed + EVAL_SEED_OFFSET, 0, i) for i in range(len(self.eval_draws))]
         groups = await generate_groups(self.client, self.eval_draws, e.rollouts, e.temperature, 1.0,
-                                       self.config.sampling.max_tokens, seeds)
+                                       self.config.sampling.max_tokens, seeds, conversations=self.conversations)
         metrics = eval_metrics(groups, e.success_threshold)
         log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         return metrics
@@ -128,7 +138,7 @@ class Orchestrator:
             for completion, advantage in zip(group.result.completions, row, strict=True):
                 train = not (self.config.mask_truncated and completion.truncated)
                 sample = Sample(group.result.prompt_token_ids, completion.token_ids, completion.logprobs, advantage,
-                                group.result.policy_step(completion), train)
+                                group.result.policy_step(completion), train, completion.mask)
                 if len(sample) > self.config.seq_len:
                     log.warning(f"a rollout of {len(sample)} tokens is cut to seq_len {self.config.seq_len}")
                     sample = sample.truncate(self.config.seq_len)

@@ -1,10 +1,14 @@
 """Drawing prompts from the configured environments and turning them into scored groups.
 
-A *group* is one example with the `n` completions the server returned for it, each
-scored by the example's environment. A `score` call that raises or outlasts the
-environment's `score_timeout_s` scores 0 with a warning line naming the example (the first
-WARN_FIRST per environment, then the 10th, 100th, ...), or, with `on_error = "fail"`, ends
-the run with that line: an environment's bug never crashes the orchestrator with a traceback. `ExampleSource` draws examples: each draw picks an
+A *group* is one example with its `n` rollouts, each scored by the example's environment
+(`score_rollout`, or `score_group` for all `n` at once). A single-turn rollout is one chat
+completion; a multi-turn one is a conversation run token-in, token-out
+(`orchestrator/conversation.py`). An environment call (`respond`, `score_rollout`,
+`score_group`) that raises or outlasts its timeout fails the rollout (a whole group, for
+`score_group`): it scores 0 with a warning line naming the example (the first WARN_FIRST
+per environment, then the 10th, 100th, ...), or, with `on_error = "fail"`, ends the run with
+that line: an environment's bug never crashes the orchestrator with a traceback.
+`ExampleSource` draws examples: each draw picks an
 environment with probability weight / sum(weights) (one seeded RNG) and takes that
 environment's next example; how many each environment has yielded (its cursor) and the
 RNG state are what a checkpoint stores.
@@ -20,16 +24,35 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from prime_rl.envs import Environment, Example, Reward, load_env
+from prime_rl.envs.base import Rollout
 from prime_rl.orchestrator.client import ChatResult, InferenceClient
 from prime_rl.orchestrator.config import EnvConfig
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 
+if TYPE_CHECKING:
+    from prime_rl.orchestrator.conversation import ConversationRunner
+
 log = get_logger("orchestrator")
 WARN_FIRST = 5  # failed scorings logged one line each per environment; after that only the 10th, 100th, ...
 _failures: collections.Counter[str] = collections.Counter()
+
+
+@dataclass
+class TurnStats:
+    """How one rollout's conversation went (all 1/0 for a single-turn rollout)."""
+
+    turns: int = 1  # policy turns
+    sampled_tokens: int = 0  # tokens the policy sampled (after the prompt)
+    env_tokens: int = 0  # template and environment tokens between its turns
+    tool_calls: int = 0
+    tool_errors: collections.Counter[str] = field(default_factory=collections.Counter)  # by kind
+    env_calls: int = 0  # `respond` calls
+    env_s: float = 0.0  # seconds spent in them
+    context_truncated: bool = False  # ended because the next turn would not fit seq_len
 
 
 @dataclass
@@ -39,7 +62,8 @@ class Group:
     result: ChatResult
     rewards: list[float]
     components: list[dict[str, float]]
-    errors: list[str | None] = field(default_factory=list)  # per completion: why scoring failed (None: it did not)
+    errors: list[str | None] = field(default_factory=list)  # per rollout: why it failed (None: it did not)
+    stats: list[TurnStats] = field(default_factory=list)  # per rollout
 
 
 @dataclass
@@ -51,7 +75,7 @@ class Draw:
 
 
 class EnvironmentFailed(UserError):
-    """Scoring a rollout raised or timed out, and its environment's on_error is "fail"."""
+    """An environment call raised or timed out, and its environment's on_error is "fail"."""
 
 
 class ExampleSource:
@@ -86,16 +110,8 @@ def request_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 1_000_003 + step) * 100_003 + index * 1_009) % (2**31 - 1)
 
 
-async def score_one(draw: Draw, completion: str) -> tuple[Reward, str | None]:
-    """(the environment's reward, None), or (0, why) when `score` raised or took longer than
-    `score_timeout_s` and the environment's `on_error` is "zero" (one warning line naming the example)."""
-    timeout = draw.config.score_timeout_s
-    try:
-        return await asyncio.wait_for(draw.environment.score(draw.example, completion), timeout), None
-    except TimeoutError:
-        why = f"score took longer than score_timeout_s = {timeout:g}s"
-    except Exception as exc:  # an environment's bug must not end the run unless asked to
-        why = f"score raised {type(exc).__name__}: {str(exc)[:300]}"
+def report_failure(draw: Draw, why: str) -> str:
+    """Log an environment failure of `draw` sparsely and return `why`; with on_error = "fail", raise it."""
     prompt = json.dumps(draw.example.prompt[-1]["content"] if draw.example.prompt else "")[:200]
     message = f"environment '{draw.env}': {why} (example prompt {prompt}, answer {json.dumps(draw.example.answer)[:100]})"
     if draw.config.on_error == "fail":
@@ -104,25 +120,78 @@ async def score_one(draw: Draw, completion: str) -> tuple[Reward, str | None]:
     count = _failures[draw.env]
     if count <= WARN_FIRST or math.log10(count).is_integer():  # the first few, then the 10th, 100th, ...
         log.warning(f"{message}: the rollout scores 0 (failure {count} of this environment; rollout/env_error_frac)")
-    return Reward(0.0), why
+    return why
 
 
-async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | None = None) -> Group:
-    """Score every completion with the environment; a truncated one gets `truncated_reward` if set."""
-    scored = await asyncio.gather(*(score_one(draw, c.text) for c in result.completions))
+async def call_env(draw: Draw, what: str, call: Any, timeout_key: str) -> tuple[Any, str | None]:
+    """(await call, None), or (None, why) when it raised or took longer than the environment config's
+    `timeout_key` seconds (reported with `report_failure`)."""
+    timeout = getattr(draw.config, timeout_key)
+    try:
+        return await asyncio.wait_for(call, timeout), None
+    except TimeoutError:
+        why = f"{what} took longer than {timeout_key} = {timeout:g}s"
+    except EnvironmentFailed:
+        raise
+    except Exception as exc:  # an environment's bug must not end the run unless asked to
+        why = f"{what} raised {type(exc).__name__}: {str(exc)[:300]}"
+    return None, report_failure(draw, why)
+
+
+async def score_rollouts(draw: Draw, rollouts: list[Rollout], failed: list[str | None]
+                         ) -> tuple[list[Reward], list[str | None]]:
+    """Rewards of a group's rollouts (0 for one that already failed) and why each failed (None: it did not)."""
+    env = draw.environment
+    if all(why is None for why in failed):
+        group, why = await call_env(draw, "score_group", env.score_group(draw.example, rollouts), "score_timeout_s")
+        if why is not None:
+            return [Reward(0.0)] * len(rollouts), [why] * len(rollouts)
+        if group is not None:
+            if len(group) != len(rollouts):
+                why = report_failure(draw, f"score_group returned {len(group)} rewards for {len(rollouts)} rollouts")
+                return [Reward(0.0)] * len(rollouts), [why] * len(rollouts)
+            return list(group), list(failed)
+
+    async def one(rollout: Rollout, why: str | None) -> tuple[Reward, str | None]:
+        if why is not None:
+            return Reward(0.0), why
+        reward, why = await call_env(draw, "score", env.score_rollout(draw.example, rollout), "score_timeout_s")
+        return (reward, None) if why is None else (Reward(0.0), why)
+
+    scored = await asyncio.gather(*(one(r, w) for r, w in zip(rollouts, failed, strict=True)))
+    return [r for r, _ in scored], [w for _, w in scored]
+
+
+async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | None = None,
+                      rollouts: list[Rollout] | None = None, stats: list[TurnStats] | None = None,
+                      failed: list[str | None] | None = None) -> Group:
+    """Score every rollout with the environment; a truncated one gets `truncated_reward` if set. Without
+    `rollouts` (single-turn) each completion is a one-message conversation."""
+    completions = result.completions
+    if rollouts is None:
+        rollouts = [Rollout([{"role": "assistant", "content": c.text}], c.truncated) for c in completions]
+        stats = [TurnStats(sampled_tokens=len(c.token_ids)) for c in completions]
+    rewards, errors = await score_rollouts(draw, rollouts, failed or [None] * len(rollouts))
     totals = [
         truncated_reward if truncated_reward is not None and c.truncated else r.total
-        for c, (r, _) in zip(result.completions, scored, strict=True)
+        for c, r in zip(completions, rewards, strict=True)
     ]
-    return Group(draw.env, draw.example, result, totals, [r.components for r, _ in scored], [e for _, e in scored])
+    return Group(draw.env, draw.example, result, totals, [r.components for r in rewards], errors, list(stats))
 
 
 async def generate_groups(client: InferenceClient, draws: list[Draw], n: int, temperature: float, top_p: float,
                           max_tokens: int, seeds: list[int | None], truncated_reward: float | None = None,
-                          ) -> list[Group]:
-    """Ask for `n` completions of every draw (bounded by the client's concurrency) and score them."""
+                          conversations: ConversationRunner | None = None) -> list[Group]:
+    """Ask for `n` rollouts of every draw (bounded by the client's concurrency) and score them. A multi-turn
+    environment's draws run through `conversations` (token in, token out); the others are one chat request."""
 
     async def one(draw: Draw, seed: int | None) -> Group:
+        if draw.environment.multi_turn:
+            if conversations is None:
+                raise UserError(f"environment '{draw.env}' is multi-turn, but no conversation runner was set up")
+            result, rollouts, stats, failed = await conversations.run_group(
+                client, draw, n, temperature, top_p, max_tokens, seed)
+            return await score_group(draw, result, truncated_reward, rollouts, stats, failed)
         result = await client.chat(draw.example.prompt, n, temperature, top_p, max_tokens, seed)
         return await score_group(draw, result, truncated_reward)
 

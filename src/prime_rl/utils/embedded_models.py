@@ -2,8 +2,11 @@
 
 `tiny-reverse-text` is a 0.8M-parameter Qwen3 with a character-level tokenizer, built
 from random init by this project's own `sft` on reverse-text examples
-(`scripts/build_tiny_model.sh` rebuilds it). Any other name is passed through
-unchanged to Hugging Face (`from_pretrained` of a local directory or a hub name).
+(`scripts/build_tiny_model.sh` rebuilds it); `tiny-calculator` is the same architecture
+SFT'd on the `calculator` tool-use environment, `tiny-multi-turn` is `tiny-reverse-text`
+SFT'd on the second turn of `reverse-text-hint` (`scripts/build_tiny_model.sh <name>`). Any
+other name is passed through unchanged to Hugging Face (`from_pretrained` of a local
+directory or a hub name).
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ from pathlib import Path
 from prime_rl.utils.errors import UserError
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
-EMBEDDED_MODELS = {"tiny-reverse-text": ASSETS_DIR / "tiny-reverse-text"}
+EMBEDDED_MODELS = {
+    "tiny-reverse-text": ASSETS_DIR / "tiny-reverse-text",
+    "tiny-calculator": ASSETS_DIR / "tiny-calculator",
+    "tiny-multi-turn": ASSETS_DIR / "tiny-multi-turn",
+}
 
 
 def looks_like_local_path(name: str) -> bool:
@@ -31,5 +38,5 @@ def resolve_model_path(name: str) -> str:
         return name
     if not (embedded / "config.json").exists():
         raise UserError(f"the embedded model {name!r} is missing at {embedded}; rebuild it with "
-                        f"`bash scripts/build_tiny_model.sh`")
+                        f"`bash scripts/build_tiny_model.sh {name}`")
     return str(embedded)

@@ -44,6 +44,7 @@ from prime_rl.inference.protocol import (
 from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
+from prime_rl.utils.tool_calls import parse_tool_calls
 
 log = get_logger("inference")
 
@@ -81,6 +82,20 @@ def decode_body(raw: bytes, model_cls):
 
 async def _parse(request: Request, model_cls):
     return await asyncio.to_thread(decode_body, await request.body(), model_cls)
+
+
+def chat_message(completion: Completion, with_tools: bool) -> dict:
+    """A chat choice's `message` and `finish_reason`. With `with_tools` (tools given, tool_choice not "none"), a
+    text whose `<tool_call>` blocks all parse becomes `tool_calls` (OpenAI format) and `content` the rest (null
+    when empty), and a choice with calls that stopped on its own finishes with "tool_calls"; a text with a
+    malformed block stays whole in `content` (as vLLM's hermes parser does). The token ids and logprobs are the
+    sampled ones either way."""
+    turn = parse_tool_calls(completion.text) if with_tools else None
+    if turn is None or not turn.calls or turn.malformed:
+        return {"message": {"role": "assistant", "content": completion.text}, "finish_reason": completion.finish_reason}
+    message = {"role": "assistant", "content": turn.content or None, "tool_calls": [c.openai() for c in turn.calls]}
+    finish = "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
+    return {"message": message, "finish_reason": finish}
 
 
 def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Policy | None = None) -> FastAPI:
@@ -156,9 +171,9 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def chat_prompt(messages: list[dict]) -> list[int]:
+    def chat_prompt(messages: list[dict], tools: list[dict] | None) -> list[int]:
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # a template error is the request's fault
             raise HTTPError(400, f"cannot apply the chat template: {exc}") from None
         return encode(text)
@@ -183,15 +198,15 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
     async def chat(request: Request):
         body: ChatRequest = await _parse(request, ChatRequest)
         check_model(body)
-        prompt_ids = await asyncio.to_thread(chat_prompt, [m.model_dump() for m in body.messages])
+        messages = [m.template_dict() for m in body.messages]
+        prompt_ids = await asyncio.to_thread(chat_prompt, messages, body.template_tools())
         completions, step = await generate(prompt_ids, body)
         choices = [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": c.text},
+                **chat_message(c, body.parses_tool_calls),
                 "token_ids": c.token_ids,
                 "token_weight_steps": c.weight_steps,
-                "finish_reason": c.finish_reason,
                 "logprobs": {
                     "content": [
                         {"token": text, "logprob": lp, "bytes": raw, "top_logprobs": []}

@@ -57,6 +57,8 @@ def vllm_args(config: InferenceConfig) -> list[str]:
         args.append("--enforce-eager")
     if config.model.trust_remote_code:
         args.append("--trust-remote-code")
+    if v.tool_call_parser is not None:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
     return args + list(v.extra_args)
 
 

@@ -1,7 +1,8 @@
 """SFT data: conversations from a JSONL file or an environment, tokenized with the chat
 template (loss mask on assistant tokens only), packed into rows of at most `seq_len` tokens.
 
-Assistant mask: for the i-th message with role `assistant`, the tokens between
+Assistant mask: for the i-th message with role `assistant` (unless it has `"train": false`,
+which makes it context only, e.g. a flawed first attempt in a multi-turn demonstration), the tokens between
 `template(messages[:i], add_generation_prompt=True)` and `template(messages[:i + 1])`
 train, cut after the first end-of-turn (eos) token, so the model learns to stop and not
 the template's trailing newline. This relies on the template rendering a conversation
@@ -88,7 +89,8 @@ def conversation_stream(config: SFTDataConfig, seed: int) -> Iterator[Messages]:
     """Infinite, deterministic stream of conversations (the same seed gives the same stream).
 
     JSONL: epochs over the file, each shuffled with `random.Random(seed + epoch)`.
-    Environment: its examples, with the reference answer as the assistant reply.
+    Environment: its examples, each prompt followed by the environment's `demonstration` (the reference
+    answer as the assistant reply; the whole ideal conversation for a multi-turn environment).
     """
     if config.path is not None:
         data = read_jsonl(config.path)
@@ -102,7 +104,7 @@ def conversation_stream(config: SFTDataConfig, seed: int) -> Iterator[Messages]:
 
     env = load_env(config.env, **config.env_args)
     for example in env.examples(seed):
-        yield [*example.prompt, {"role": "assistant", "content": example.answer}]
+        yield [*example.prompt, *env.demonstration(example)]
 
 
 def skip(stream: Iterator, n: int) -> Iterator:
@@ -127,7 +129,7 @@ def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages
     mask = [False] * len(ids)
     eos = tokenizer.eos_token_id
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or message.get("train") is False:  # `"train": false`: context only
             continue
         prefix = _render_ids(tokenizer, messages[:i], True)
         start, end = len(prefix), len(_render_ids(tokenizer, messages[: i + 1], False))

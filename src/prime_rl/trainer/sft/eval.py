@@ -2,7 +2,9 @@
 
 The metric `eval/reward` is the mean `Reward.total` of greedy completions (argmax at every
 step, at most `max_new_tokens`, stopping at eos) on `num_examples` examples drawn with a
-seed far from the training stream's, so they are (almost surely) not trained on.
+seed far from the training stream's, so they are (almost surely) not trained on. Each
+completion is scored as a one-turn rollout (`score_rollout`): for a multi-turn environment
+that is the reward of the first turn alone, the environment never answers here.
 Every rank runs the same generation (FSDP2 needs all ranks in every forward).
 """
 
@@ -49,6 +51,7 @@ def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, data: SFTData
              seed: int) -> dict[str, float]:
     """`eval/reward` (mean environment reward of greedy answers) and `eval/completion_len`."""
     from prime_rl.envs import load_env
+    from prime_rl.envs.base import Rollout
 
     env = load_env(data.env, **data.env_args)
     examples = list(islice(env.examples(seed + EVAL_SEED_OFFSET), config.num_examples))
@@ -64,7 +67,8 @@ def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, data: SFTData
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
 
     async def score_all():
-        return await asyncio.gather(*(env.score(ex, text) for ex, text in zip(examples, texts, strict=True)))
+        return await asyncio.gather(*(env.score_rollout(ex, Rollout([{"role": "assistant", "content": text}]))
+                                      for ex, text in zip(examples, texts, strict=True)))
 
     rewards = [r.total for r in asyncio.run(score_all())]
     return {

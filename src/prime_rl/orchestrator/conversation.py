@@ -1,0 +1,138 @@
+"""Multi-turn rollouts, token in, token out.
+
+For one draw and `n` rollouts:
+
+1. the prompt's ids are rendered once (`ChatTokens.prompt_ids`, with the environment's
+   `tools`) and sent to the server's completions endpoint as token ids, `n` choices (one
+   prefill);
+2. each rollout goes on alone: the policy's turn is its sampled ids as the server returned
+   them (loss mask 1, the server's logprobs, the weight step of every token); the
+   environment answers (`respond`, within `respond_timeout_s`); the ids of its reply as the
+   template renders it (`ChatTokens.reply_ids`; loss mask 0, logprob 0) are appended, and
+   the whole id list so far is the next turn's prompt (seed: the rollout's seed + turn);
+3. a rollout ends when the environment is done, after `max_turns` policy turns, when a
+   turn is cut by `sampling.max_tokens` (truncated), or when the next turn would not fit
+   `seq_len` (truncated by context: the reply is dropped, `rollout/context_truncated_frac`);
+   an environment failure also ends it (scored 0 by the caller).
+
+Every turn's `max_tokens` is the smaller of `sampling.max_tokens` and the room left in
+`seq_len`, so no sample outgrows the trainer's rows. The rollout's ids after the prompt,
+its mask and logprobs are one `Completion`; what the trainer gets is exactly what the
+server sampled, turn after turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from prime_rl.envs.base import Rollout
+from prime_rl.orchestrator.chat_tokens import ChatTokens
+from prime_rl.orchestrator.client import ChatResult, Completion, InferenceClient
+from prime_rl.orchestrator.rollouts import Draw, TurnStats, call_env
+from prime_rl.utils.errors import UserError
+
+TURN_SEED_STRIDE = 1_000_003  # turn t of a rollout seeded s samples with s + t * stride
+
+
+@dataclass
+class _Conversation:
+    """One rollout under construction: the ids after the prompt and what describes them."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    weight_steps: list[int] = field(default_factory=list)  # one per sampled token
+    messages: list[dict] = field(default_factory=list)
+    stats: TurnStats = field(default_factory=lambda: TurnStats(turns=0))
+    finish_reason: str = "stop"
+    error: str | None = None
+
+    def add_turn(self, completion: Completion) -> None:
+        self.token_ids += completion.token_ids
+        self.logprobs += completion.logprobs
+        self.mask += [True] * len(completion.token_ids)
+        self.weight_steps += completion.weight_steps
+        self.messages.append({"role": "assistant", "content": completion.text})
+        self.finish_reason = completion.finish_reason
+        self.stats.turns += 1
+        self.stats.sampled_tokens += len(completion.token_ids)
+
+    def add_reply(self, ids: list[int], messages: list[dict]) -> None:
+        self.token_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.mask += [False] * len(ids)
+        self.messages += messages
+        self.stats.env_tokens += len(ids)
+
+    def completion(self) -> Completion:
+        text = self.messages[-1]["content"] if self.messages else ""
+        return Completion(self.token_ids, self.logprobs, text, self.finish_reason, self.weight_steps, self.mask)
+
+
+class ConversationRunner:
+    """Runs the rollouts of multi-turn environments against the server (see the module docstring)."""
+
+    def __init__(self, chat_tokens: ChatTokens, seq_len: int):
+        self.chat_tokens = chat_tokens
+        self.seq_len = seq_len
+
+    async def run_group(self, client: InferenceClient, draw: Draw, n: int, temperature: float, top_p: float,
+                        max_tokens: int, seed: int | None
+                        ) -> tuple[ChatResult, list[Rollout], list[TurnStats], list[str | None]]:
+        """`n` conversations of `draw`: (their tokens as a ChatResult, the conversations to score, their stats, why
+        each failed or None)."""
+        env = draw.environment
+        prompt_ids = await asyncio.to_thread(self.chat_tokens.prompt_ids, draw.example.prompt, env.tools)
+        room = self.seq_len - len(prompt_ids)
+        if room < 1:
+            raise UserError(f"environment '{draw.env}': a prompt of {len(prompt_ids)} tokens leaves no room for an "
+                            f"answer in seq_len {self.seq_len}")
+        first = await client.complete(prompt_ids, n, temperature, top_p, min(max_tokens, room), seed)
+
+        async def rollout(index: int, completion: Completion) -> tuple[_Conversation, Rollout]:
+            turn_seed = None if seed is None else seed + index
+            return await self._continue(client, draw, prompt_ids, completion, temperature, top_p, max_tokens,
+                                        turn_seed)
+
+        done = await asyncio.gather(*(rollout(i, c) for i, c in enumerate(first.completions)))
+        result = ChatResult(prompt_ids, first.weight_step, [conv.completion() for conv, _ in done])
+        return result, [r for _, r in done], [conv.stats for conv, _ in done], [conv.error for conv, _ in done]
+
+    async def _continue(self, client: InferenceClient, draw: Draw, prompt_ids: list[int], completion: Completion,
+                        temperature: float, top_p: float, max_tokens: int, seed: int | None
+                        ) -> tuple[_Conversation, Rollout]:
+        env, example = draw.environment, draw.example
+        max_turns = draw.config.max_turns or env.max_turns
+        state = env.initial_state(example)
+        conv = _Conversation()
+        while True:
+            conv.add_turn(completion)
+            if completion.finish_reason == "length" or conv.stats.turns >= max_turns:
+                break
+            start = time.monotonic()
+            reply, why = await call_env(draw, "respond", env.respond(example, list(conv.messages), state),
+                                        "respond_timeout_s")
+            conv.stats.env_calls += 1
+            conv.stats.env_s += time.monotonic() - start
+            if why is not None:
+                conv.error = why
+                break
+            conv.stats.tool_calls += reply.tool_calls
+            conv.stats.tool_errors.update(reply.tool_errors)
+            if reply.done:
+                break
+            history = [*example.prompt, *conv.messages]
+            last = completion.token_ids[-1] if completion.token_ids else None
+            ids = await asyncio.to_thread(self.chat_tokens.reply_ids, history, reply.messages, env.tools, last)
+            room = self.seq_len - len(prompt_ids) - len(conv.token_ids) - len(ids)
+            if room < 1:
+                conv.stats.context_truncated = True
+                conv.finish_reason = "length"
+                break
+            conv.add_reply(ids, reply.messages)
+            turn_seed = None if seed is None else (seed + conv.stats.turns * TURN_SEED_STRIDE) % (2**31 - 1)
+            (completion,) = (await client.complete(prompt_ids + conv.token_ids, 1, temperature, top_p,
+                                                   min(max_tokens, room), turn_seed)).completions
+        return conv, Rollout(conv.messages, conv.finish_reason == "length", state)
