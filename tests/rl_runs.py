@@ -139,9 +139,9 @@ def rows_by_source(run_dir: Path, source: str) -> dict[int, dict]:
     return rows
 
 
-def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, max_tokens: int
-                                ) -> tuple[dict[int, dict], dict[int, dict]]:
-    """3 steps of `rl` on the embedded `tiny-reverse-text` with `env_table` (a TOML `[[orchestrator.env]]` table; a
+def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, max_tokens: int,
+                                model: str = "tiny-reverse-text") -> tuple[dict[int, dict], dict[int, dict]]:
+    """3 steps of `rl` on the embedded `model` with `env_table` (a TOML `[[orchestrator.env]]` table; a
     test environment from `tests/`, which the processes get on PYTHONPATH), at max_async_level 0 (fp32, builtin):
     asserts the run finished and that the trainer's logprobs equal the server's at every step (mismatch KL < 1e-6,
     true only if every trained token sits where the server sampled it); returns the (trainer, orchestrator) rows."""
@@ -151,7 +151,7 @@ def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, ma
     tests_dir = str(Path(__file__).resolve().parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, "-m", "prime_rl.launch.rl", "@", str(config), "--model.name", "tiny-reverse-text",
+        [sys.executable, "-m", "prime_rl.launch.rl", "@", str(config), "--model.name", model,
          "--output-dir", str(run_dir), "--max-steps", "3", "--max-async-level", "0", "--seq-len", str(seq_len),
          "--orchestrator.batch-size", "16", "--orchestrator.rollouts-per-example", "4",
          "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled"],
