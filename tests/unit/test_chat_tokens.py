@@ -87,3 +87,12 @@ def test_a_tokenizer_without_a_chat_template_is_a_user_error():
     tokenizer.chat_template = None
     with pytest.raises(UserError, match="no chat template"):
         ChatTokens(tokenizer)
+
+
+def test_a_turn_ended_by_another_special_token_than_eos_does_not_repeat_it():
+    tokenizer = build_char_tokenizer()
+    tokenizer.eos_token = "<|endoftext|>"  # the model stops on <|im_end|> (its generation config's), not the eos
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tail = ChatTokens(tokenizer).reply_ids([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                                           [{"role": "user", "content": "z"}], [], im_end)
+    assert tokenizer.decode(tail) == "\n<|im_start|>user\nz<|im_end|>\n<|im_start|>assistant\n"

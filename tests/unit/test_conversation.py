@@ -168,3 +168,57 @@ def test_score_group_rewards_the_group_together():
 
     _, group = run(["bb", "a", "x", "y", "z", "w"], n=2, env=Ranked(), max_turns=1)
     assert group.rewards == [1.0, 0.0]
+
+
+class Hostile(ToolEcho):
+    """Answers what `answer` says: a malformed reply, or one the chat template cannot render."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    async def respond(self, example, messages, state):
+        return self.answer
+
+
+@pytest.mark.parametrize("answer, why", [
+    (None, "respond returned a NoneType, not an EnvReply"),
+    ({"messages": []}, "respond returned a dict, not an EnvReply"),
+    (EnvReply(["hello"]), "respond returned a message that is not a dict"),
+    (EnvReply([{"role": "tool", "content": None}]), "respond returned a message that is not a dict"),
+    (EnvReply([{"role": "user", "content": "x"}], tool_errors="timeout"), "respond returned tool_calls that is not"),
+    (EnvReply([{"role": "tool", "content": "bad \udcff name"}]), "respond's reply cannot be rendered"),
+])
+def test_a_malformed_reply_fails_its_rollout_not_the_run(answer, why, monkeypatch):
+    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    _, group = run(["one", "two"], env=Hostile(answer))
+    assert group.errors[0].startswith(why) and group.rewards == [0.0]
+
+
+@pytest.mark.parametrize("rewards, why", [
+    ([Reward(float("nan")), Reward(1.0)], "score_group returned a reward whose total is nan"),
+    ([1.0, 1.0], "score_group returned a float where a Reward belongs"),
+    ((r for r in ()), "score_group returned a generator, not a list of Rewards"),
+    ([Reward(1.0)], "score_group returned 1 rewards for 2 rollouts"),
+])
+def test_score_group_answers_that_are_no_finite_rewards_fail_the_group(rewards, why, monkeypatch):
+    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+
+    class Bad(ToolEcho):
+        async def score_group(self, example, rollouts):
+            return rewards
+
+    _, group = run(["a", "b"], n=2, env=Bad(), max_turns=1)
+    assert [e.startswith(why) for e in group.errors] == [True, True] and group.rewards == [0.0, 0.0]
+
+
+def test_a_non_finite_or_non_reward_score_fails_that_rollout(monkeypatch):
+    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+
+    class Bad(ToolEcho):
+        async def score_rollout(self, example, rollout):
+            return Reward(float("inf")) if rollout.completion == "a" else 0.5
+
+    _, group = run(["a", "b"], n=2, env=Bad(), max_turns=1)
+    assert group.errors == ["score returned a reward whose total is inf, not a finite number",
+                            "score returned a float where a Reward belongs"]
+    assert group.rewards == [0.0, 0.0]

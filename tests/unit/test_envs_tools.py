@@ -51,6 +51,26 @@ def table() -> dict:
     return {"a": [1, 2]}
 
 
+def quit_now(code: int) -> str:
+    """Exit, as an argparse-based helper does on bad input."""
+    raise SystemExit(code)
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+def mumble() -> str:
+    """Raise an exception whose message cannot be printed."""
+    raise Unprintable()
+
+
+def listing() -> str:
+    """A file name that is no valid UTF-8, as os.listdir gives it (a lone surrogate)."""
+    return "ok.txt\nbad-\udcff.txt"
+
+
 async def slow_echo(text: str, delay: float = 0.0) -> str:
     """Echo after a delay, on the event loop."""
     await asyncio.sleep(delay)
@@ -64,7 +84,7 @@ class Toolbox(ToolEnvironment):
         super().__init__(max_turns, tool_timeout_s, max_tool_output_chars)
 
     def tool_functions(self):
-        return [echo, explode, hang, huge, table, slow_echo]
+        return [echo, explode, hang, huge, table, slow_echo, quit_now, mumble, listing]
 
     def examples(self, seed: int = 0):
         return itertools.repeat(EXAMPLE)
@@ -84,7 +104,7 @@ def call(name: str, **arguments: Any) -> str:
 
 def test_tools_are_the_schemas_of_the_functions():
     env = Toolbox()
-    assert [t["function"]["name"] for t in env.tools] == ["echo", "explode", "hang", "huge", "table", "slow_echo"]
+    assert [t["function"]["name"] for t in env.tools][:6] == ["echo", "explode", "hang", "huge", "table", "slow_echo"]
     assert env.tools[0]["function"]["parameters"]["required"] == ["text"]
 
 
@@ -215,3 +235,16 @@ def test_calculator_scoring():
     with pytest.raises(UserError, match="min_operand <= max_operand"):
         load_env("calculator", min_operand=50, max_operand=10)
     assert load_env("calculator", system_prompt="Use the tools.").demonstration(example)[-1]["content"] == answer
+
+
+def test_a_tool_that_exits_or_whose_error_cannot_be_printed_is_an_exception_message():
+    reply = respond(Toolbox(), f"{call('quit_now', code=3)}{call('mumble')}")
+    assert reply.tool_errors == ("exception", "exception")
+    assert [m["content"] for m in reply.messages] == ["error: SystemExit: 3",
+                                                      "error: Unprintable: (its message cannot be printed)"]
+
+
+def test_tool_output_that_is_no_valid_unicode_is_escaped():
+    (message,) = respond(Toolbox(), call("listing")).messages
+    assert message["content"] == "ok.txt\nbad-\\udcff.txt"
+    message["content"].encode("utf-8")  # the tokenizer can take it

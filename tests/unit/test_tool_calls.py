@@ -41,6 +41,7 @@ def test_arguments_as_a_json_string_holding_an_object_are_accepted():
     ('{"name": "f", "arguments": "[1]"}', "arguments must be a JSON object"),
     ('{"name": "f", "arguments": "{oops"}', "arguments string is not valid JSON"),
     ('{"name": "f", "arguments": {"a": NaN}}', "NaN is not valid JSON"),
+    ('{"name": "f", "arguments": {"a": 1e400}}', "the number 1e400 is out of range"),
     ("", "not valid JSON"),
 ])
 def test_malformed_blocks_are_bad_json_with_a_reason(body, reason):

@@ -132,7 +132,9 @@ class ToolEnvironment(MultiTurnEnvironment):
         return [{"role": "assistant", "content": text}, reply]
 
     def cut(self, text: str) -> str:
-        """`text` cut to `max_tool_output_chars`, with a marker saying how many characters were cut."""
+        """`text` cut to `max_tool_output_chars`, with a marker saying how many characters were cut; characters
+        that are no valid Unicode (lone surrogates, e.g. from an undecodable file name) are escaped."""
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if len(text) <= self.max_tool_output_chars:
             return text
         return f"{text[:self.max_tool_output_chars]}...[{len(text) - self.max_tool_output_chars} chars cut]"
@@ -175,13 +177,13 @@ class ToolEnvironment(MultiTurnEnvironment):
         """Run a sync tool (in its worker thread): (its output, None) or (the exception as an error, "exception")."""
         try:
             return self._output(fn(**arguments)), None
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # SystemExit: a tool built on argparse or sys.exit must not end the run
             return self._exception(exc), "exception"
 
     async def _outcome_async(self, fn: Callable[..., Any], arguments: dict[str, Any]) -> tuple[str, str | None]:
         try:
             return self._output(await fn(**arguments)), None
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             return self._exception(exc), "exception"
 
     @staticmethod
@@ -189,5 +191,9 @@ class ToolEnvironment(MultiTurnEnvironment):
         return json.dumps(result, default=str) if isinstance(result, dict | list) else str(result)
 
     @staticmethod
-    def _exception(exc: Exception) -> str:
-        return f"{ERROR} {type(exc).__name__}: {exc}"
+    def _exception(exc: BaseException) -> str:
+        try:
+            message = str(exc)
+        except Exception:  # an exception whose __str__ raises is still a tool error
+            message = "(its message cannot be printed)"
+        return f"{ERROR} {type(exc).__name__}: {message}"

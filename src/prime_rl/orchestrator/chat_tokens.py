@@ -9,7 +9,8 @@ template renders between the end of that turn's content and the next generation 
 
 i.e. the end of the assistant turn (e.g. ChatML's `<|im_end|>\\n`), the environment's
 messages, and the next `<|im_start|>assistant\\n`. When the policy's last sampled token is
-an end-of-turn token whose text opens the tail, that text is dropped from the tail: the
+the eos or another special token (a model may stop on any its generation config names, e.g.
+Llama 3's `<|eot_id|>`) whose text opens the tail, that text is dropped from the tail: the
 policy already produced it. Only the tail is tokenized, alone, so the ids of everything
 before it are exactly what the server sampled, whatever a re-tokenization of the whole
 text would give (a tokenizer may merge characters across the boundary differently:
@@ -37,7 +38,10 @@ class ChatTokens:
             raise UserError("the tokenizer has no chat template: multi-turn rollouts need one")
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id
-        self.end_of_turn = {eos} if isinstance(eos, int) else set(eos or ())
+        # A model may stop on any special token its generation config names (Llama 3: <|eot_id|>, <|eom_id|>
+        # beside the tokenizer's eos): each one's text is dropped from the tail it opens.
+        specials = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+        self.end_of_turn = ({eos} if isinstance(eos, int) else set(eos or ())) | specials
 
     @classmethod
     def load(cls, path: str | Path, trust_remote_code: bool = False) -> ChatTokens:

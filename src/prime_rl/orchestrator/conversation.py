@@ -13,7 +13,9 @@ For one draw and `n` rollouts:
 3. a rollout ends when the environment is done, after `max_turns` policy turns, when a
    turn is cut by `sampling.max_tokens` (truncated), or when the next turn would not fit
    `seq_len` (truncated by context: the reply is dropped, `rollout/context_truncated_frac`);
-   an environment failure also ends it (scored 0 by the caller).
+   an environment failure also ends it (scored 0 by the caller): `respond` raising or timing out,
+   or answering something other than an `EnvReply` of messages with a string role and
+   content, or a reply the chat template cannot render.
 
 Every turn's `max_tokens` is the smaller of `sampling.max_tokens` and the room left in
 `seq_len`, so no sample outgrows the trainer's rows. The rollout's ids after the prompt,
@@ -27,13 +29,27 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from prime_rl.envs.base import Rollout
+from prime_rl.envs.base import EnvReply, Rollout
 from prime_rl.orchestrator.chat_tokens import ChatTokens
 from prime_rl.orchestrator.client import ChatResult, Completion, InferenceClient
-from prime_rl.orchestrator.rollouts import Draw, TurnStats, call_env
+from prime_rl.orchestrator.rollouts import Draw, TurnStats, call_env, report_failure
 from prime_rl.utils.errors import UserError
 
 TURN_SEED_STRIDE = 1_000_003  # turn t of a rollout seeded s samples with s + t * stride
+
+
+def malformed_reply(reply: object) -> str | None:
+    """What is wrong with `respond`'s answer (an `EnvReply` of message dicts with a string role and string
+    content, an int tool-call count and a tuple or list of error kinds), or None."""
+    if not isinstance(reply, EnvReply):
+        return f"a {type(reply).__name__}, not an EnvReply"
+    for message in reply.messages if isinstance(reply.messages, list | tuple) else [reply.messages]:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            return f"a message that is not a dict with a string role and string content: {str(message)[:100]}"
+    if not isinstance(reply.tool_calls, int) or not isinstance(reply.tool_errors, tuple | list):
+        return "tool_calls that is not an int or tool_errors that is not a tuple of kinds"
+    return None
 
 
 @dataclass
@@ -116,6 +132,15 @@ class ConversationRunner:
                                         "respond_timeout_s")
             conv.stats.env_calls += 1
             conv.stats.env_s += time.monotonic() - start
+            if why is None and (problem := malformed_reply(reply)):
+                why = report_failure(draw, f"respond returned {problem}")
+            if why is None and not reply.done:
+                history = [*example.prompt, *conv.messages]
+                last = completion.token_ids[-1] if completion.token_ids else None
+                try:
+                    ids = await asyncio.to_thread(self.chat_tokens.reply_ids, history, reply.messages, env.tools, last)
+                except (UserError, TypeError, ValueError) as exc:  # e.g. text that is no valid Unicode
+                    why = report_failure(draw, f"respond's reply cannot be rendered: {type(exc).__name__}: {exc}")
             if why is not None:
                 conv.error = why
                 break
@@ -123,9 +148,6 @@ class ConversationRunner:
             conv.stats.tool_errors.update(reply.tool_errors)
             if reply.done:
                 break
-            history = [*example.prompt, *conv.messages]
-            last = completion.token_ids[-1] if completion.token_ids else None
-            ids = await asyncio.to_thread(self.chat_tokens.reply_ids, history, reply.messages, env.tools, last)
             room = self.seq_len - len(prompt_ids) - len(conv.token_ids) - len(ids)
             if room < 1:
                 conv.stats.context_truncated = True

@@ -138,6 +138,20 @@ async def call_env(draw: Draw, what: str, call: Any, timeout_key: str) -> tuple[
     return None, report_failure(draw, why)
 
 
+def not_rewards(values: object) -> str | None:
+    """What makes `values` other than a list of `Reward`s with finite real totals (a NaN reward would make the
+    group's advantages NaN), or None."""
+    if not isinstance(values, list | tuple):
+        return f"a {type(values).__name__}, not a list of Rewards"
+    for value in values:
+        if not isinstance(value, Reward):
+            return f"a {type(value).__name__} where a Reward belongs"
+        total = value.total
+        if isinstance(total, bool) or not isinstance(total, int | float) or not math.isfinite(total):
+            return f"a reward whose total is {total!r}, not a finite number"
+    return None
+
+
 async def score_rollouts(draw: Draw, rollouts: list[Rollout], failed: list[str | None]
                          ) -> tuple[list[Reward], list[str | None]]:
     """Rewards of a group's rollouts (0 for one that already failed) and why each failed (None: it did not)."""
@@ -147,8 +161,10 @@ async def score_rollouts(draw: Draw, rollouts: list[Rollout], failed: list[str |
         if why is not None:
             return [Reward(0.0)] * len(rollouts), [why] * len(rollouts)
         if group is not None:
-            if len(group) != len(rollouts):
-                why = report_failure(draw, f"score_group returned {len(group)} rewards for {len(rollouts)} rollouts")
+            problem = (f"{len(group)} rewards for {len(rollouts)} rollouts" if isinstance(group, list | tuple)
+                       and len(group) != len(rollouts) else not_rewards(group))
+            if problem:
+                why = report_failure(draw, f"score_group returned {problem}")
                 return [Reward(0.0)] * len(rollouts), [why] * len(rollouts)
             return list(group), list(failed)
 
@@ -156,6 +172,8 @@ async def score_rollouts(draw: Draw, rollouts: list[Rollout], failed: list[str |
         if why is not None:
             return Reward(0.0), why
         reward, why = await call_env(draw, "score", env.score_rollout(draw.example, rollout), "score_timeout_s")
+        if why is None and (problem := not_rewards([reward])):
+            why = report_failure(draw, f"score returned {problem}")
         return (reward, None) if why is None else (Reward(0.0), why)
 
     scored = await asyncio.gather(*(one(r, w) for r, w in zip(rollouts, failed, strict=True)))

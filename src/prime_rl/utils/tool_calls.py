@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 import types
 import typing
@@ -82,12 +83,21 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
 def _loads(text: str) -> Any:
     """Strict JSON (no NaN/Infinity): ValueError with a one-line reason."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+    except ValueError as exc:  # a number that overflows to infinity
+        raise ValueError(f"not valid JSON ({exc})") from None
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 
