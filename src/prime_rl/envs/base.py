@@ -69,6 +69,10 @@ class Rollout:
         return sum(m.get("role") == "assistant" for m in self.messages)
 
 
+TOOL_ERROR_KINDS = ("bad_json", "unknown_tool", "bad_arguments", "exception", "timeout")
+"""The kinds of failed tool calls an `EnvReply` reports (`rollout/tool_errors/<kind>`)."""
+
+
 @dataclass(frozen=True)
 class EnvReply:
     """The environment's answer to a policy turn: messages to append (`user` or `tool` roles), or `done`.

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from prime_rl.utils.strict_json import finite_float, refuse_constant
 from prime_rl.utils.tool_calls import parse_arguments
 
 MAX_JSON_DEPTH = 32  # the deepest request the API defines is 4 levels; deeper nesting is refused
@@ -25,17 +26,6 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, 
 
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Int = StrictInt
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
 
 
 def _check_tree(value: Any) -> None:
@@ -73,7 +63,7 @@ def parse_json(raw: bytes) -> Any:
     except UnicodeDecodeError:
         raise ValueError("malformed JSON body: not UTF-8") from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = json.loads(text, parse_constant=refuse_constant, parse_float=finite_float)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except json.JSONDecodeError as exc:

@@ -6,10 +6,9 @@ from collections import defaultdict
 
 import torch
 
+from prime_rl.envs.base import TOOL_ERROR_KINDS
 from prime_rl.orchestrator.advantage import pass_at_k
 from prime_rl.orchestrator.rollouts import Group
-
-TOOL_ERROR_KINDS = ("bad_json", "unknown_tool", "bad_arguments", "exception", "timeout")
 
 
 def _stats(prefix: str, values: list[float], names: tuple[str, ...] = ("mean", "std", "min", "max")) -> dict:

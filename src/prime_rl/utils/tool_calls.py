@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import re
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from prime_rl.utils.strict_json import finite_float, refuse_constant
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 ARG_ENTRY = re.compile(r"(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")  # an `Args:` entry: `name (type): description`
@@ -79,24 +80,13 @@ class ParsedTurn:
         return sorted([*self.calls, *self.malformed], key=lambda block: block.index)
 
 
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
-
-
 def _loads(text: str) -> Any:
     """Strict JSON (no NaN/Infinity): ValueError with a one-line reason."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=refuse_constant, parse_float=finite_float)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
-    except ValueError as exc:  # a number that overflows to infinity
+    except ValueError as exc:  # NaN/Infinity, or a number that overflows to infinity
         raise ValueError(f"not valid JSON ({exc})") from None
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
