@@ -20,6 +20,7 @@ from prime_rl.envs import load_env
 from prime_rl.orchestrator.advantage import grpo
 from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.utils.batch_format import write_step
+from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
         for row, adv in zip(texts, advantages.tolist(), strict=True) for t, a in zip(row, adv, strict=True)
     ]
     start = time.perf_counter()
-    batches = pack_batch(samples, args.seq_len, args.world_size, 0, 1.0, 32)
+    batches = pack_batch(samples, args.seq_len, args.world_size, 0, SamplingRule(), 32)
     timings["pack"] = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()

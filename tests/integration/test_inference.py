@@ -31,6 +31,7 @@ from inference_server import (  # tests/ is on sys.path (rootdir conftest)
 )
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
 from prime_rl.trainer.model import compute_logprobs
+from prime_rl.utils.sampling_rule import SamplingRule
 from prime_rl.utils.tiny_model import save_random_model
 from weight_dirs import mismatched_dirs
 
@@ -38,30 +39,35 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 SEQ_LEN = 256
 
 
-def trainer_logprobs(model_dir, samples: list[tuple[list[int], list[int]]], temperature: float) -> list[torch.Tensor]:
-    """The trainer's own logprobs (`prime_rl.trainer.model.compute_logprobs`) of each sample's completion.
+def trainer_logprobs(model_dir, samples: list[tuple[list[int], list[int]]],
+                     sampling: float | SamplingRule) -> list[torch.Tensor]:
+    """The trainer's own logprobs (`prime_rl.trainer.model.compute_logprobs`) of each sample's completion, under
+    `sampling` (a temperature, or a whole rule with its truncation).
 
     The `(prompt_ids, completion_ids)` samples are packed into one row, as the trainer packs
     them, so this also checks that packing does not change a sample's logprobs.
     """
+    rule = sampling if isinstance(sampling, SamplingRule) else SamplingRule(sampling)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     seqs = [prompt + completion for prompt, completion in samples]
     input_ids = torch.tensor([tok for seq in seqs for tok in seq])
     position_ids = torch.cat([torch.arange(len(seq)) for seq in seqs])
     sample_lens = torch.tensor([len(seq) for seq in seqs])
     with torch.no_grad():
-        logprobs, _ = compute_logprobs(model, input_ids, position_ids, sample_lens, temperature)
+        logprobs, _ = compute_logprobs(model, input_ids, position_ids, sample_lens, rule)
     ends = sample_lens.cumsum(0).tolist()
     return [logprobs[end - len(completion) : end] for end, (_, completion) in zip(ends, samples, strict=True)]
 
 
-def reference_logprobs(model_dir, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> torch.Tensor:
-    """What the trainer computes for one sample: log_softmax(logits[t-1] / T)[token t] over the completion."""
-    return trainer_logprobs(model_dir, [(prompt_ids, completion_ids)], temperature)[0]
+def reference_logprobs(model_dir, prompt_ids: list[int], completion_ids: list[int],
+                       sampling: float | SamplingRule) -> torch.Tensor:
+    """What the trainer computes for one sample: log_softmax(logits[t-1] / T)[token t] over the completion
+    (renormalised over the kept set when `sampling` is a truncating rule)."""
+    return trainer_logprobs(model_dir, [(prompt_ids, completion_ids)], sampling)[0]
 
 
-def assert_matches(model_dir, prompt_ids, token_ids, logprobs, temperature, tol=1e-4):
-    expected = reference_logprobs(model_dir, prompt_ids, token_ids, temperature)
+def assert_matches(model_dir, prompt_ids, token_ids, logprobs, sampling: float | SamplingRule, tol=1e-4):
+    expected = reference_logprobs(model_dir, prompt_ids, token_ids, sampling)
     got = torch.tensor(logprobs)
     assert torch.allclose(got, expected, atol=tol), (got - expected).abs().max()
 
@@ -248,12 +254,23 @@ def test_concurrent_chat_and_completions(server, tokenizer, tiny_model_dir):
     assert sum(choice["logprobs"]["token_logprobs"]) == pytest.approx(float(expected.sum()), abs=1e-4)
 
 
-def test_on_policy_logprobs_equal_the_trainers(server, tiny_model_dir):
-    body = {"messages": [{"role": "user", "content": "abcdef"}], "n": 8, "max_tokens": 32, "temperature": 0.7}
+TRUNCATED = [SamplingRule(0.7), SamplingRule(0.7, top_p=0.9), SamplingRule(0.7, top_k=20),
+             SamplingRule(0.7, min_p=0.05), SamplingRule(1.3, top_k=10, top_p=0.8, min_p=0.02)]
+
+
+def sampling_fields(rule: SamplingRule) -> dict:
+    return {"temperature": rule.temperature, "top_p": rule.top_p, "top_k": rule.top_k, "min_p": rule.min_p}
+
+
+@pytest.mark.parametrize("rule", TRUNCATED, ids=repr)
+def test_on_policy_logprobs_equal_the_trainers(server, tiny_model_dir, rule):
+    """The server's logprobs are those of the truncated distribution it sampled, and the trainer scoring the
+    same tokens under the same rule gets them back (r - log r - 1 < 1e-6)."""
+    body = {"messages": [{"role": "user", "content": "abcdef"}], "n": 8, "max_tokens": 32, **sampling_fields(rule)}
     data = post_all(server, [("/v1/chat/completions", body)])[0].json()
     server_lp = [entry["logprob"] for choice in data["choices"] for entry in choice["logprobs"]["content"]]
     samples = [(data["prompt_token_ids"], choice["token_ids"]) for choice in data["choices"]]
-    trainer_lp = trainer_logprobs(tiny_model_dir, samples, 0.7)
+    trainer_lp = trainer_logprobs(tiny_model_dir, samples, rule)
     log_ratio = torch.cat(trainer_lp) - torch.tensor(server_lp, dtype=torch.float32)
     ratio = log_ratio.exp()
     assert float((ratio - log_ratio - 1).mean()) < 1e-6
@@ -413,6 +430,19 @@ def test_vllm_returns_token_ids_logprobs_and_weight_step(vllm_server, tokenizer,
     assert data["weight_step"] == 0 and choice["token_weight_steps"] == [0] * len(choice["token_ids"])
     assert_matches(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"],
                    choice["logprobs"]["token_logprobs"], 0.7)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", TRUNCATED[1:], ids=repr)
+def test_vllm_truncated_logprobs_equal_the_trainers(vllm_server, vllm_model_dir, rule):
+    """vLLM's processed logprobs (after min_p, top-k, top-p) are what the trainer computes under the same rule."""
+    body = {"model": str(vllm_model_dir), "prompt": "hello", "n": 4, "max_tokens": 16, "logprobs": 1,
+            "return_token_ids": True, **sampling_fields(rule)}
+    data = httpx.post(f"{vllm_server}/v1/completions", json=body, timeout=120).json()
+    for choice in data["choices"]:
+        assert_matches(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"],
+                       choice["logprobs"]["token_logprobs"], rule)
 
 
 @pytest.mark.vllm

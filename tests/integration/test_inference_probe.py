@@ -16,6 +16,7 @@ import pytest
 
 from inference_probe import probe_server, request_probes, weight_probes  # tests/ is on sys.path
 from inference_server import builtin_server, make_weight_root
+from prime_rl.utils.sampling_rule import SamplingRule
 from weight_dirs import mismatched_dirs
 
 KEY = "probe-key-5f2d"
@@ -112,7 +113,7 @@ def test_the_orchestrators_client_sends_the_key(server, root, tiny_model_dir):
         config = ClientConfig(base_url=f"{server}/v1", api_key=key, connect_timeout_s=5)
         async with InferenceClient(config) as client:
             await client.wait_ready()
-            result = await client.chat([{"role": "user", "content": "hi"}], 2, 1.0, 1.0, 4, seed=1)
+            result = await client.chat([{"role": "user", "content": "hi"}], 2, SamplingRule(), 4, seed=1)
             return result, await client.update_weights(str(step), 3)
 
     result, served = asyncio.run(go(KEY))

@@ -20,6 +20,7 @@ from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import main, train
 from prime_rl.trainer.session import NonFiniteError
 from prime_rl.utils.fs import WaitTimeout, list_steps
+from prime_rl.utils.lora import ADAPTER_WEIGHTS
 from synthetic_batches import random_step, write_random_step
 
 VOCAB = 99  # the char tokenizer of tiny_model_dir
@@ -51,7 +52,9 @@ def metrics_lines(out: Path, source: str = "trainer") -> list[dict]:
 
 
 def weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(weights_dir(out, step) / "model.safetensors")
+    """The tensors of weights/step_N: full weights, or a LoRA adapter's."""
+    path = weights_dir(out, step)
+    return load_file(path / "model.safetensors" if (path / "model.safetensors").exists() else path / ADAPTER_WEIGHTS)
 
 
 def test_two_steps_write_weights_metrics_checkpoints_and_log(tiny_model_dir, tmp_path):
@@ -77,9 +80,11 @@ def test_two_steps_write_weights_metrics_checkpoints_and_log(tiny_model_dir, tmp
     assert (out / "configs" / "trainer.toml").exists()
 
 
-def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path):
-    """3 steps straight == 2 steps, crash (batch 2 missing), resume from the checkpoint, 1 step."""
-    sched = {"scheduler": {"type": "linear", "warmup_steps": 1}, "max_steps": 3}
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "dropout": 0.1}], ids=["full", "lora"])
+def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path, lora):
+    """3 steps straight == 2 steps, crash (batch 2 missing), resume from the checkpoint, 1 step; bit for bit,
+    also for LoRA (whose checkpoint holds only the adapters and their optimizer state)."""
+    sched = {"scheduler": {"type": "linear", "warmup_steps": 1}, "max_steps": 3, "lora": lora}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     write_steps(straight, range(3))
     train(config(tiny_model_dir, straight, **sched))
@@ -94,6 +99,12 @@ def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_pa
     a, b = weights(straight, 3), weights(resumed, 3)
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=0, rtol=0, msg=key)
+    if lora is not None:  # the frozen base is not in the checkpoint: only adapters and their optimizer state
+        from torch.distributed.checkpoint import FileSystemReader
+
+        stored = FileSystemReader(str(ckpt_dir(resumed, 2))).read_metadata().state_dict_metadata
+        model_keys = [key for key in stored if key.startswith("model.")]
+        assert model_keys and all(".lora_" in key for key in model_keys), model_keys
     steps = [m["step"] for m in metrics_lines(resumed)]
     assert steps == [0, 1, 2]  # step numbers continue after the resume
     lr_straight = [m["optim/lr"] for m in metrics_lines(straight)]
@@ -178,18 +189,20 @@ def test_entrypoint_exit_codes(tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
-def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normalization):
-    """The same 4 micro-batches on 1 rank or dealt over 2 gloo ranks give the same update (to 1e-5)."""
+@pytest.mark.parametrize("normalization, lora", [("token", None), ("sequence", None), ("constant", None),
+                                                  ("token", {"rank": 4})])
+def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normalization, lora):
+    """The same 4 micro-batches on 1 rank or dealt over 2 gloo ranks give the same update (to 1e-5); also
+    with LoRA (frozen base and trainable adapters sharded by FSDP2 together)."""
     loss = {"type": "default", "normalization": normalization}
     one, two = tmp_path / "one", tmp_path / "two"
     micro = {"micro_batches": 4, "completion_len": 9}
     write_steps(one, [0], world_size=1, **micro)
     write_steps(two, [0], world_size=2, **micro)
     # Uneven samples per micro-batch would be nicer, but the deal must be identical on both sides.
-    train(config(tiny_model_dir, one, max_steps=1, loss=loss))
+    train(config(tiny_model_dir, one, max_steps=1, loss=loss, lora=lora))
 
-    cfg = config(tiny_model_dir, two, max_steps=1, loss=loss)
+    cfg = config(tiny_model_dir, two, max_steps=1, loss=loss, lora=lora)
     toml = tmp_path / "trainer.toml"
     from prime_rl.configs.toml_io import write_toml
 

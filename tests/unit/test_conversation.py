@@ -19,6 +19,7 @@ from prime_rl.orchestrator.conversation import ConversationRunner
 from prime_rl.orchestrator.metrics import rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, EnvironmentFailed, generate_groups
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
+from prime_rl.utils.sampling_rule import SamplingRule
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -58,7 +59,7 @@ class ScriptedServer:
         self.prompts: list[list[int]] = []
         self.max_tokens: list[int] = []
 
-    async def complete(self, prompt_ids, n, temperature, top_p, max_tokens, seed=None):
+    async def complete(self, prompt_ids, n, rule, max_tokens, seed=None):
         self.prompts.append(list(prompt_ids))
         self.max_tokens.append(max_tokens)
         choices = []
@@ -77,7 +78,7 @@ def run(texts, n=1, seq_len=512, max_tokens=16, env=None, **config):
     server = ScriptedServer(texts)
     runner = ConversationRunner(ChatTokens(TOKENIZER), seq_len)
     draw = Draw("tool-echo", env or ToolEcho(), EXAMPLE, EnvConfig(**{"respond_timeout_s": 0.3, **config}))
-    (group,) = asyncio.run(generate_groups(server, [draw], n, 1.0, 1.0, max_tokens, [7], conversations=runner))
+    (group,) = asyncio.run(generate_groups(server, [draw], n, SamplingRule(), max_tokens, [7], conversations=runner))
     return server, group
 
 
@@ -114,7 +115,7 @@ def test_environment_tokens_never_carry_loss_in_the_packed_batch():
     result = group.result
     samples = [Sample(result.prompt_token_ids, c.token_ids, c.logprobs, 1.5, 3, True, c.mask)
                for c in result.completions]
-    (batch,) = pack_batch(samples, seq_len=512, world_size=1, step=3, temperature=1.0, max_tokens=16)
+    (batch,) = pack_batch(samples, seq_len=512, world_size=1, step=3, rule=SamplingRule(), max_tokens=16)
     (mb,) = batch.micro_batches
     trained = mb.input_ids[mb.loss_mask]
     turns = TOKENIZER.decode(trained.tolist()).split("<|im_end|>")  # the two rollouts' turns interleave

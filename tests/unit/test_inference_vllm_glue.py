@@ -317,3 +317,89 @@ def test_launch_hands_the_policy_to_vllm_through_the_environment_never_argv(tmp_
     assert policy == Policy.from_config(config)
     assert policy.weight_roots == ((tmp_path / "w").resolve(), tmp_path.resolve()) and policy.max_request_bytes == 1234
     assert "do-not-show" not in env[POLICY_ENV]
+
+
+def test_vllm_serves_lora_only_with_a_max_lora_rank_rounded_up_to_one_vllm_accepts(tmp_path):
+    def args(**vllm):
+        return vllm_args(InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "vllm": vllm}))
+
+    assert "--enable-lora" not in args()
+    for rank, served in ((1, "1"), (8, "8"), (9, "16"), (300, "320"), (512, "512")):
+        lora = args(max_lora_rank=rank)
+        at = lora.index("--enable-lora")
+        assert lora[at + 1:at + 3] == ["--max-lora-rank", served], rank
+
+
+def test_rl_hands_the_trainers_lora_rank_to_vllm_unless_it_publishes_merged_weights():
+    from prime_rl.launch.rl_config import RLConfig
+
+    assert RLConfig.build([], {"trainer": {"lora": {"rank": 12}}}).inference.vllm.max_lora_rank == 12
+    assert RLConfig.build([], {"trainer": {"lora": {"rank": 12, "merge": True}}}).inference.vllm.max_lora_rank is None
+    assert RLConfig.build([], {}).inference.vllm.max_lora_rank is None
+    with pytest.raises(Exception, match="max_lora_rank = 4 is below trainer.lora.rank = 8"):
+        RLConfig.build([], {"trainer": {"lora": {"rank": 8}}, "inference": {"vllm": {"max_lora_rank": 4}}})
+
+
+def lora_dir(tmp_path, step, a_shape=(2, 3)):
+    """A peft adapter of rank 2 for the 4x3 weight `layer.weight` of `lora_served_model`."""
+    from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+    path = tmp_path / f"step_{step}"
+    path.mkdir()
+    (path / ADAPTER_CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4.0}))
+    save_file({"base_model.model.layer.lora_A.weight": torch.zeros(a_shape),
+               "base_model.model.layer.lora_B.weight": torch.zeros(4, 2)}, str(path / ADAPTER_WEIGHTS))
+    return path
+
+
+def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_model(tmp_path, monkeypatch):
+    model = weight_dir(tmp_path, 0, tensors={"layer.weight": torch.zeros(4, 3)})
+    for name, value in Policy(weight_roots=(tmp_path.resolve(),), model_dir=str(model)).to_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PRIME_INFERENCE_SERVED_NAME", "tiny")
+    engine = FakeEngineClient()
+    app = FastAPI()
+    app.state.engine_client = engine
+    lora_calls, asked = [], []
+
+    @app.post("/v1/load_lora_adapter")
+    async def load(request: Request):
+        lora_calls.append(("load", await request.json(), request.headers.get("authorization")))
+        return {"status": "ok"}
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload(request: Request):
+        lora_calls.append(("unload", await request.json(), request.headers.get("authorization")))
+        return {"status": "ok"}
+
+    @app.post("/v1/completions")
+    async def complete(request: Request):
+        body = await request.json()
+        asked.append(body.get("model"))
+        return {"model": body.get("model"), "choices": [{"index": 0, "text": "x", "token_ids": [1]}]}
+
+    app.add_middleware(PrimeRLMiddleware)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                     headers={"authorization": "Bearer k"}) as client:
+            answers = [await client.post("/v1/completions", json={"model": "tiny"})]
+            for path in (lora_dir(tmp_path, 1), lora_dir(tmp_path, 2), model):
+                assert (await client.post("/update_weights", json={"path": str(path), "step": 3
+                                                                   if path == model else None})).status_code == 200
+                answers.append(await client.post("/v1/completions", json={"model": "tiny"}))
+            bad = await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 4, a_shape=(2, 5)))})
+            return answers, bad
+
+    answers, bad = asyncio.run(scenario())
+    assert asked == ["tiny", "prime-rl-step-1", "prime-rl-step-2", "tiny"]
+    assert [a.json()["model"] for a in answers] == ["tiny"] * 4  # the client sees the name it asked for
+    assert [a.json()["weight_step"] for a in answers] == [0, 1, 2, 3]
+    assert lora_calls == [
+        ("load", {"lora_name": "prime-rl-step-1", "lora_path": str(tmp_path / "step_1")}, "Bearer k"),
+        ("load", {"lora_name": "prime-rl-step-2", "lora_path": str(tmp_path / "step_2")}, "Bearer k"),
+        ("unload", {"lora_name": "prime-rl-step-1"}, "Bearer k"),
+        ("unload", {"lora_name": "prime-rl-step-2"}, "Bearer k"),  # full weights end the alias
+    ]
+    assert ("load_weights_from_dir", (str(model),)) in engine.calls
+    assert bad.status_code == 400 and "expected [2, 3]" in bad.json()["error"]["message"]

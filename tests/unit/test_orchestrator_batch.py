@@ -10,6 +10,7 @@ import torch
 from prime_rl.orchestrator.batch import Sample, assign_rows, make_units, micro_batch, pack_batch, unit_length
 from prime_rl.utils.batch_format import read_rank, segment_roots, write_step
 from prime_rl.utils.packing import first_fit_decreasing
+from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def sample(prompt_len: int, completion_len: int, advantage: float = 0.5, step: int = 3, train: bool = True) -> Sample:
@@ -52,7 +53,7 @@ def test_a_group_longer_than_seq_len_splits_into_units_that_fit():
 def test_without_share_prompts_every_sample_is_its_own_unit():
     group = [sample(10, 6) for _ in range(3)]
     assert make_units(group, seq_len=64, share_prompts=False) == [[s] for s in group]
-    (batch,) = pack_batch(group, 64, 1, 0, 1.0, 16, share_prompts=False)
+    (batch,) = pack_batch(group, 64, 1, 0, SamplingRule(), 16, share_prompts=False)
     (mb,) = batch.micro_batches
     assert mb.sample_lens.tolist() == [16, 16, 16] and mb.position_ids.tolist() == list(range(16)) * 3
 
@@ -80,7 +81,7 @@ def test_a_micro_batch_without_tokens_is_invalid():
 def test_a_sample_longer_than_seq_len_is_named_as_a_unit():
     with pytest.raises(ValueError, match=r"unit \(a sample, or samples sharing a prompt\) 0 has 40 tokens, more than "
                                          "seq_len 32"):
-        pack_batch([sample(30, 10)], 32, 1, 0, 1.0, 16)
+        pack_batch([sample(30, 10)], 32, 1, 0, SamplingRule(), 16)
 
 
 def test_first_fit_decreasing_respects_capacity_and_keeps_every_item():
@@ -103,17 +104,20 @@ def test_assign_rows_equal_counts_and_balanced_tokens():
     assert [len(r) for r in assign_rows([5, 5, 5], 4)] == [1, 1, 1, 0]
 
 
+RULE = SamplingRule(0.8, top_k=5, top_p=0.9, min_p=0.1)
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_pack_batch_writes_equal_micro_batch_counts(tmp_path, world_size):
     rng = random.Random(world_size)
     samples = [sample(rng.randint(5, 20), rng.randint(1, 30)) for _ in range(17)]
-    batches = pack_batch(samples, seq_len=64, world_size=world_size, step=7, temperature=0.8, max_tokens=30)
+    batches = pack_batch(samples, seq_len=64, world_size=world_size, step=7, rule=RULE, max_tokens=30)
     assert len({len(b.micro_batches) for b in batches}) == 1
     write_step(tmp_path, 7, batches)
     loaded = [read_rank(tmp_path, 7, r) for r in range(world_size)]
     seen_tokens = seen_samples = 0
     for batch in loaded:
-        assert (batch.step, batch.temperature, batch.max_tokens) == (7, 0.8, 30)
+        assert (batch.step, batch.rule, batch.max_tokens) == (7, RULE, 30)
         for mb in batch.micro_batches:
             assert mb.num_tokens <= 64
             starts = torch.cumsum(mb.sample_lens, 0) - mb.sample_lens
@@ -127,7 +131,7 @@ def test_pack_batch_writes_equal_micro_batch_counts(tmp_path, world_size):
 
 
 def test_empty_batch_still_gives_every_rank_a_padding_row():
-    batches = pack_batch([], seq_len=64, world_size=2, step=0, temperature=1.0, max_tokens=8)
+    batches = pack_batch([], seq_len=64, world_size=2, step=0, rule=SamplingRule(), max_tokens=8)
     assert [len(b.micro_batches) for b in batches] == [1, 1]
     assert all(mb.num_loss_tokens == 0 for b in batches for mb in b.micro_batches)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import time
@@ -12,6 +13,7 @@ import pytest
 from prime_rl.orchestrator import client as client_module
 from prime_rl.orchestrator.client import InferenceClient, InferenceError
 from prime_rl.orchestrator.config import ClientConfig
+from prime_rl.utils.sampling_rule import SamplingRule
 
 GOOD = (b'{"prompt_token_ids": [1], "weight_step": 3, "choices": [{"index": 0, "token_ids": [5], '
         b'"finish_reason": "stop", "logprobs": {"content": [{"logprob": -1.0}]}}]}')
@@ -51,7 +53,7 @@ def chat_as(what: str, timeout_s: float = 5.0):
         config = ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", timeout_s=timeout_s, connect_timeout_s=2.0)
         try:
             async with InferenceClient(config) as client:
-                return await client.chat([{"role": "user", "content": what}], 1, 1.0, 1.0, 4)
+                return await client.chat([{"role": "user", "content": what}], 1, SamplingRule(), 4)
         except InferenceError as exc:
             return exc
         finally:
@@ -108,7 +110,7 @@ def test_a_connection_that_never_opens_is_retried_then_unreachable(monkeypatch):
         config = ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", timeout_s=600, connect_timeout_s=1.5)
         async with InferenceClient(config) as client:
             with pytest.raises(InferenceError, match=r"unreachable for 1.5s \(ConnectionTimeoutError"):
-                await client.chat([{"role": "user", "content": "x"}], 1, 1.0, 1.0, 4)
+                await client.chat([{"role": "user", "content": "x"}], 1, SamplingRule(), 4)
 
     start = time.monotonic()
     try:
@@ -117,3 +119,21 @@ def test_a_connection_that_never_opens_is_retried_then_unreachable(monkeypatch):
         for s in [*fillers, listener]:
             s.close()
     assert 1.0 < time.monotonic() - start < 6
+
+
+@pytest.mark.parametrize(("rule", "fields"), [
+    (SamplingRule(0.7), {"temperature": 0.7, "top_p": 1.0}),
+    (SamplingRule(1.0, top_k=20, top_p=0.9, min_p=0.05), {"temperature": 1.0, "top_p": 0.9, "top_k": 20, "min_p": 0.05}),
+])
+def test_the_sampling_rule_is_what_the_request_asks_for(monkeypatch, rule, fields):
+    """top_k and min_p are sent only when on (both backends know them; off they are the servers' defaults)."""
+    sent = []
+
+    async def request(self, method, url, payload=None):
+        sent.append(payload)
+        return json.loads(GOOD)
+
+    monkeypatch.setattr(InferenceClient, "_request", request)
+    asyncio.run(InferenceClient(ClientConfig()).chat([{"role": "user", "content": "hi"}], 1, rule, 8))
+    body = sent[0]
+    assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in body} == fields

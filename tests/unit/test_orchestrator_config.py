@@ -65,6 +65,10 @@ rollouts = 4
         (["--env", '[{id = "reverse-text", weight = 0}]'], "env[0].weight"),
         (["--trainer-world-size", "0"], "trainer_world_size"),
         (["--sampling.top-p", "0"], "sampling.top_p"),
+        (["--sampling.top-k", "0"], "top_k = 0 keeps no token"),
+        (["--sampling.top-k", "-2"], "sampling.top_k"),
+        (["--sampling.min-p", "1.5"], "sampling.min_p"),
+        (["--sampling.min-p", "nan"], "sampling.min_p"),
     ],
 )
 def test_bad_values_are_one_line_config_errors(argv, message):
@@ -92,6 +96,12 @@ def test_training_temperature_must_be_positive_and_finite(capsys, config_cls, va
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"invalid value for '{key}': training needs a finite temperature >= 0.001" in err
     assert "greedy decoding (0) is for eval.temperature only" in err
+
+
+def test_truncation_reaches_the_sampling_rule():
+    rule = build("--sampling.top-k", "20", "--sampling.top-p", "0.9", "--sampling.min-p", "0.05").sampling.rule
+    assert (rule.top_k, rule.top_p, rule.min_p, rule.truncates) == (20, 0.9, 0.05, True)
+    assert not build().sampling.rule.truncates
 
 
 def test_greedy_is_for_eval_only():

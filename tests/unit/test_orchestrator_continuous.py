@@ -36,7 +36,7 @@ class DecodingServer:
         self.updates: list[tuple[int, bool, int]] = []  # (step, in_flight flag, requests decoding then)
         self.reported: list[list[int]] = []  # every completion's token_weight_steps, as answered
 
-    async def chat(self, messages, n, temperature, top_p, max_tokens, seed=None):
+    async def chat(self, messages, n, rule, max_tokens, seed=None):
         self.calls += 1
         stalls = self.calls == self.stall
         admitted = self.step
@@ -157,8 +157,8 @@ def test_continuous_mode_rejects_dynamic_sampling():
 class TiedServer(DecodingServer):
     """Every completion of a group is the same: every group's advantages are zero."""
 
-    async def chat(self, messages, n, temperature, top_p, max_tokens, seed=None):
-        result = await super().chat(messages, n, temperature, top_p, max_tokens, seed)
+    async def chat(self, messages, n, rule, max_tokens, seed=None):
+        result = await super().chat(messages, n, rule, max_tokens, seed)
         for completion in result.completions:
             completion.text = "same"
         return result
@@ -184,10 +184,10 @@ class EvalRecordingServer(DecodingServer):
         super().__init__()
         self.eval_steps: list[int] = []
 
-    async def chat(self, messages, n, temperature, top_p, max_tokens, seed=None):
+    async def chat(self, messages, n, rule, max_tokens, seed=None):
         if n == 1:
             self.eval_steps.append(self.step)
-        return await super().chat(messages, n, temperature, top_p, max_tokens, seed)
+        return await super().chat(messages, n, rule, max_tokens, seed)
 
 
 def test_evaluation_keeps_the_lag_bound(tmp_path):

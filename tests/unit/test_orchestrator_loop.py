@@ -23,7 +23,7 @@ class ScriptedClient:
         self.calls = 0
         self.truncate_last = truncate_last
 
-    async def chat(self, messages, n, temperature, top_p, max_tokens, seed=None):
+    async def chat(self, messages, n, rule, max_tokens, seed=None):
         self.calls += 1
         answer = messages[-1]["content"][::-1]
         mixed = self.calls % 2 == 1

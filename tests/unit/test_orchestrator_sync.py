@@ -100,14 +100,18 @@ def test_parse_chat_response():
 
 def test_checkpoint_round_trip_and_latest(tmp_path):
     for step in (1, 2, 3):
-        save_state(tmp_path, OrchestratorState(step, {"reverse-text": step * 4}, None), keep=2)
-    # Without a trainer in the run, the orchestrator's parts are the complete checkpoints.
-    assert not (tmp_path / "checkpoints" / "step_1" / "orchestrator").exists()  # pruned
+        save_state(tmp_path, OrchestratorState(step, {"reverse-text": step * 4}, None), keep=1)
+    # The orchestrator never runs without a trainer: before the trainer's first checkpoint nothing is complete,
+    # so nothing is pruned (the trainer may be writing that first checkpoint into step_1 right now).
+    assert (tmp_path / "checkpoints" / "step_1" / "orchestrator").exists()
     assert load_state(tmp_path, 3).env_cursors == {"reverse-text": 12}
-    assert resolve_resume_step(tmp_path, "latest") == 3
-    # With trainer checkpoints present, 'latest' is the newest step both have.
+    assert resolve_resume_step(tmp_path, "latest") == 3  # judged by the parts found: a run by hand
+    # With trainer checkpoints present, 'latest' is the newest step both have, and older steps go.
     (tmp_path / "checkpoints" / "step_2" / "trainer").mkdir()
     assert resolve_resume_step(tmp_path, "latest") == 2
+    (tmp_path / "checkpoints" / "step_3" / "trainer").mkdir()
+    save_state(tmp_path, OrchestratorState(4, {"reverse-text": 16}, None), keep=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_3", "step_4"]
     assert resolve_resume_step(tmp_path, None) is None
-    with pytest.raises(UserError, match=r"resume_step = 7: no complete checkpoint .* \(complete steps: 2\)"):
+    with pytest.raises(UserError, match=r"resume_step = 7: no complete checkpoint .* \(complete steps: 3\)"):
         resolve_resume_step(tmp_path, 7)

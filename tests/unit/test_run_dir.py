@@ -45,6 +45,18 @@ def test_retention_without_a_partner_process(tmp_path):
     assert list_steps(tmp_path / "checkpoints") == [6]
 
 
+def test_the_orchestrator_never_prunes_the_step_the_trainer_writes_its_first_checkpoint_into(tmp_path):
+    """Regression (seen in CI): with keep = 1, the orchestrator's checkpoints of steps 1 and 2 were 'complete'
+    while the trainer's first one was still being written into step_1/.trainer.tmp, and step_1 went."""
+    make(tmp_path, 1, "orchestrator", ".trainer.tmp")
+    make(tmp_path, 2, "orchestrator")
+    prune_checkpoints(tmp_path, 1, parts=("trainer", "orchestrator"))
+    assert list_steps(tmp_path / "checkpoints") == [1, 2]
+    assert (tmp_path / "checkpoints" / "step_1" / ".trainer.tmp").is_dir()
+    prune_checkpoints(tmp_path, 1)  # judged by the parts found, step 1 would have gone
+    assert list_steps(tmp_path / "checkpoints") == [2]
+
+
 def test_a_stale_half_checkpoint_older_than_the_kept_ones_goes(tmp_path):
     make(tmp_path, 1, "trainer")  # its orchestrator part was lost
     make(tmp_path, 2, "trainer", "orchestrator")

@@ -12,6 +12,7 @@ from prime_rl.run_dir import rollout_dir, rollout_file
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.data import wait_for_batch
 from prime_rl.utils.errors import ConfigError, PrimeError
+from prime_rl.utils.sampling_rule import SamplingRule
 
 STEP = 5
 
@@ -31,11 +32,12 @@ def micro_batch(samples: list[tuple[int, bool]]) -> dict:
     }
 
 
-def write_batch(output_dir, *rows: list[tuple[int, bool]], temperature: float = 1.0) -> None:
-    """rollouts/step_5/rank_0.pt written by hand, in the documented format (utils/batch_format.py)."""
+def write_batch(output_dir, *rows: list[tuple[int, bool]], temperature: float = 1.0, **truncation) -> None:
+    """rollouts/step_5/rank_0.pt written by hand, in the documented format (utils/batch_format.py); `truncation`:
+    top_k / top_p / min_p keys (none: a file of a version before them)."""
     directory = rollout_dir(output_dir, STEP)
     directory.mkdir(parents=True)
-    payload = {"step": STEP, "temperature": temperature, "max_tokens": 2,
+    payload = {"step": STEP, "temperature": temperature, "max_tokens": 2, **truncation,
                "micro_batches": [micro_batch(row) for row in rows]}
     torch.save(payload, rollout_file(directory, 0))
 
@@ -79,6 +81,21 @@ def test_without_max_async_level_policy_steps_are_not_checked(tmp_path):
 def test_a_batch_with_an_untrainable_temperature_is_an_error(tmp_path, temperature):
     write_batch(tmp_path, [(STEP, True)], temperature=temperature)
     with pytest.raises(PrimeError, match=f"has sampling temperature {temperature}: the trainer divides logits by it"):
+        read(tmp_path, 1)
+
+
+def test_the_truncation_is_read_and_a_file_without_it_samples_untruncated(tmp_path):
+    write_batch(tmp_path / "new", [(STEP, True)], top_k=20, top_p=0.9, min_p=0.05)
+    assert read(tmp_path / "new", 1).rule == SamplingRule(1.0, 20, 0.9, 0.05)
+    write_batch(tmp_path / "old", [(STEP, True)])
+    assert not read(tmp_path / "old", 1).rule.truncates
+
+
+@pytest.mark.parametrize("truncation", [{"top_k": -2}, {"top_p": 0.0}, {"top_p": float("nan")}, {"min_p": 1.5},
+                                        {"min_p": -0.1}])
+def test_a_batch_with_an_invalid_truncation_is_an_error(tmp_path, truncation):
+    write_batch(tmp_path, [(STEP, True)], **truncation)
+    with pytest.raises(PrimeError, match="has an invalid truncation"):
         read(tmp_path, 1)
 
 

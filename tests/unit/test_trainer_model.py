@@ -15,6 +15,7 @@ from prime_rl.trainer.model import (
     forward_rows_logits,
     token_logprobs,
 )
+from prime_rl.utils.sampling_rule import SamplingRule
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,7 @@ def test_packed_logprobs_equal_separate_runs(model):
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
 def test_logprobs_at_temperature_match_direct_computation(model, temperature):
     (ids,) = samples([16], seed=1)
-    lp, ent = compute_logprobs(model, *packed([ids]), temperature=temperature)
+    lp, ent = compute_logprobs(model, *packed([ids]), rule=SamplingRule(temperature))
     logits = model(input_ids=ids[None]).logits[0].float()
     direct = torch.log_softmax(logits / temperature, dim=-1)
     expected = direct[:-1].gather(-1, ids[1:, None]).squeeze(-1)

@@ -61,3 +61,25 @@ def context_length(name: str) -> tuple[int, Path] | None:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value, path
     return None
+
+
+def vocabulary_mismatch(name: str, other: str, trust_remote_code: bool = False) -> str | None:
+    """How the tokenizers of models `name` and `other` differ (their token -> id maps), or None when they are
+    the same or either model is not on this machine (then nothing can be compared before the run starts)."""
+    paths = [local_config_file(n) for n in (name, other)]
+    if any(path is None or not path.is_file() for path in paths):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        vocabs = [AutoTokenizer.from_pretrained(str(path.parent), trust_remote_code=trust_remote_code).get_vocab()
+                  for path in paths]
+    except Exception as exc:  # transformers raises many types; the message is what matters
+        raise ValueError(f"cannot load the tokenizer of {name!r} or {other!r}: {str(exc).splitlines()[0]}") from None
+    if vocabs[0] == vocabs[1]:
+        return None
+    differ = sorted(set(vocabs[0].items()) ^ set(vocabs[1].items()), key=lambda item: (item[1], item[0]))
+    token = differ[0][0]
+    ids = [vocab.get(token, "absent") for vocab in vocabs]
+    return (f"{len(vocabs[0])} vs {len(vocabs[1])} tokens; token {token!r} is id {ids[0]} in {name!r} "
+            f"and {ids[1]} in {other!r}")

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import socket
 
-from prime_rl.inference.config import BACKENDS, KEEP_ALIVE_S, BuiltinConfig, InferenceConfig, VLLMConfig
-from prime_rl.inference.vllm.launch import exec_vllm, vllm_available
+from prime_rl.inference.config import (
+    BACKENDS,
+    KEEP_ALIVE_S,
+    BuiltinConfig,
+    InferenceConfig,
+    VLLMConfig,
+    resolved_backend,
+)
+from prime_rl.inference.vllm.launch import exec_vllm
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
 from prime_rl.utils.net import listening_socket
 
 
 def resolve_backend(config: InferenceConfig) -> str:
-    if config.backend != "auto":
-        return config.backend
-    import torch
-
-    return "vllm" if vllm_available() and torch.cuda.is_available() else "builtin"
+    return resolved_backend(config.backend)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -56,10 +57,21 @@ class VLLMConfig(BaseConfig):
     """Skip CUDA graphs / compilation (vLLM --enforce-eager): faster start, slower decode."""
     dtype: str = "auto"
     """Model dtype (vLLM --dtype)."""
+    max_lora_rank: Annotated[int, Field(ge=1, le=512)] | None = None
+    """Serve LoRA adapter updates up to this rank (vLLM --enable-lora --max-lora-rank, rounded up to a rank vLLM accepts); none: full-weight updates only. rl sets it to trainer.lora.rank when the trainer publishes adapters."""
     tool_call_parser: Annotated[str, Field(min_length=1)] | None = None
     """vLLM's parser of the model's tool-call text into `tool_calls` (e.g. "hermes" for Qwen models): when set, vLLM runs with --enable-auto-tool-choice --tool-call-parser <name>, and chat requests may send `tools` with tool_choice "auto"."""
     extra_args: list[str] = Field(default_factory=list)
     """Further vLLM server arguments, verbatim (e.g. ["--max-num-seqs", "256"])."""
+
+
+def resolved_backend(backend: str) -> str:
+    """`backend`, with "auto" resolved: vllm when it is importable and a GPU is present, else builtin."""
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "builtin"
 
 
 class InferenceConfig(EntrypointConfig):

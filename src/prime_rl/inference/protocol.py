@@ -142,17 +142,23 @@ class SamplingFields(BaseModel):
     temperature: Annotated[Float, Field(ge=0)] = 1.0
     top_p: Annotated[Float, Field(gt=0, le=1)] = 1.0
     top_k: Annotated[Int, Field(ge=-1)] = -1
+    min_p: Annotated[Float, Field(ge=0, le=1)] = 0.0
     max_tokens: Annotated[Int, Field(ge=1)] | None = None
     stop: str | list[str] | None = None
     seed: Annotated[Int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     logprobs: Any = None
     stream: bool = False
     top_logprobs: Int | None = None
+    prompt_logprobs: Annotated[Int, Field(ge=0)] | None = None
+    """vLLM's scoring option: the logprob of every prompt token given the tokens before it, at `temperature`
+    (0: untempered) and without truncation; only 0 (the prompt token itself, no alternatives), on /v1/completions."""
 
     @model_validator(mode="after")
     def _supported(self):
         if self.stream:
             raise ValueError("stream=true is not supported by the builtin backend")
+        if self.prompt_logprobs:
+            raise ValueError("prompt_logprobs > 0 (top alternatives) is not supported by the builtin backend")
         if self.top_logprobs:
             raise ValueError("top_logprobs is not supported by the builtin backend (the sampled token's logprob is)")
         if isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool) and self.logprobs > 1:
@@ -174,6 +180,13 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
     tools: list[Tool] | None = None
     tool_choice: Any = None
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _completions_only(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError("prompt_logprobs is served on /v1/completions (with token ids), not on chat")
+        return value
 
     @field_validator("tool_choice")
     @classmethod

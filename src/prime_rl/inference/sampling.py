@@ -1,14 +1,10 @@
 """The sampling distribution and its logprobs, shared by every request of the builtin engine.
 
-For logits `z` (one position, float32) the distribution sampled from is
-
-    p = softmax(z / T)                       temperature T > 0
-    p_k = p restricted to the k most likely tokens, renormalised        (top_k > 0)
-    p_kp = smallest most-likely set whose mass under p_k is >= top_p,
-           renormalised                                               (top_p < 1)
-
-and the logprob reported for the sampled token is `log p_kp[token]`. Without top-k/top-p
-this is exactly the trainer's `log_softmax(logits / T)[token]`.
+For logits `z` (one position, float32) the distribution sampled from is `utils.sampling_rule`'s:
+p = softmax(z / T), restricted to the kept set of min_p, top_k and top_p and renormalised,
+and the logprob reported for the sampled token is its logprob under that distribution. Without
+truncation this is exactly the trainer's `log_softmax(logits / T)[token]`; with it the trainer
+applies the same rule to its own logits (`trainer.model.token_logprobs`).
 
 Any T > 0 is computed without overflow: below SMALL_TEMPERATURE the logits are shifted
 by their maximum first (softmax does not change) and the divisor is at least the
@@ -29,6 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
+from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
+
 SMALL_TEMPERATURE = 1e-2  # at or above it |z| / T stays far inside float32's range for any real logits
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -41,26 +39,16 @@ def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return shifted / max(temperature, _TINY)
 
 
-def processed_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+def processed_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,
+                       min_p: float = 0.0) -> torch.Tensor:
     """Log-probabilities [V] of the distribution actually sampled from (-inf outside the kept set)."""
     logits = logits.float()
     if temperature == 0:
         return torch.log_softmax(logits, dim=-1)
     scaled = tempered(logits, temperature)
-    vocab = scaled.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep a token if the mass strictly before it is below top_p; the top token always stays, even when
-        # top_p is so small that it rounds to 0 in float32.
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        drop_sorted = mass_before >= top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
+    rule = SamplingRule(temperature, top_k, top_p, min_p)
+    if rule.truncates:
+        scaled = scaled.masked_fill(~kept_mask(scaled, rule), float("-inf"))
     return torch.log_softmax(scaled, dim=-1)
 
 

@@ -91,23 +91,27 @@ def read_config(path: str | Path) -> dict:
     return config
 
 
-def read_specs(path: str | Path) -> dict[str, TensorSpec]:
-    """Name -> shape and dtype of every tensor in the directory's safetensors headers (no data read)."""
+def read_file_specs(file: Path) -> dict[str, TensorSpec]:
+    """Name -> shape and dtype of every tensor in one safetensors file's header (no data read)."""
     from safetensors import safe_open
 
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            return {name: TensorSpec(tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype())
+                    for name in handle.keys()}  # noqa: SIM118 (safe_open handles are not iterable)
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise UserError(f"cannot read {file}: {exc}") from None
+
+
+def read_specs(path: str | Path) -> dict[str, TensorSpec]:
+    """Name -> shape and dtype of every tensor in the directory's safetensors headers (no data read)."""
     specs: dict[str, TensorSpec] = {}
     for file in safetensors_files(path):
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                    if name in specs:
-                        raise UserError(f"tensor {name} appears twice in {path}")
-                    piece = handle.get_slice(name)
-                    specs[name] = TensorSpec(tuple(piece.get_shape()), piece.get_dtype())
-        except UserError:
-            raise
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
-            raise UserError(f"cannot read {file}: {exc}") from None
+        found = read_file_specs(file)
+        twice = found.keys() & specs.keys()
+        if twice:
+            raise UserError(f"tensor {min(twice)} appears twice in {path}")
+        specs.update(found)
     return specs
 
 

@@ -1,4 +1,4 @@
-"""Weight directories (`weights/step_N/`, HF format) as both backends accept them.
+"""Weight directories (`weights/step_N/`: HF format, or a LoRA adapter) as both backends accept them.
 
 A directory is accepted only under an allowed root (`Policy.weight_roots`: the config's
 `weight_dirs` and the served model's own directory), judged after resolving symlinks and
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import step_number
+from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 
 class WeightPathForbidden(UserError):
@@ -71,7 +72,8 @@ def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) 
     """Validate a weight directory; return its resolved path and its weight step.
 
     The directory must resolve under one of `roots` (else `WeightPathForbidden`), exist
-    and hold `config.json` and `*.safetensors`, all regular files resolving under `roots` too. The step is `step` when given, else parsed
+    and hold `config.json` and `*.safetensors` (full weights) or `adapter_config.json` and
+    `adapter_model.safetensors` (a LoRA adapter), all regular files resolving under `roots` too. The step is `step` when given, else parsed
     from the resolved directory's name `step_N`. Other problems raise `UserError`.
     """
     real = resolve_allowed(path, roots)
@@ -80,10 +82,17 @@ def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) 
             raise UserError(f"weight path {path} does not exist")
         if not real.is_dir():
             raise UserError(f"weight path {path} is not a directory")
-        if not os.path.lexists(real / "config.json") or not any(real.glob("*.safetensors")):
-            raise UserError(f"weight path {path} is not a weight directory (needs config.json and *.safetensors)")
-        weight_file(real / "config.json", roots)
-        safetensors_files(real, roots)
+        if os.path.lexists(real / ADAPTER_CONFIG):  # a LoRA adapter (inference/adapter_check.py)
+            for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+                if not os.path.lexists(real / name):
+                    raise UserError(f"weight path {path} is an adapter directory without {name}")
+                weight_file(real / name, roots)
+        else:
+            if not os.path.lexists(real / "config.json") or not any(real.glob("*.safetensors")):
+                raise UserError(f"weight path {path} is not a weight directory (needs config.json and "
+                                f"*.safetensors, or {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
+            weight_file(real / "config.json", roots)
+            safetensors_files(real, roots)
     except OSError as exc:
         raise UserError(f"cannot read weight path {path}: {exc.strerror}") from None
     if step is None:

@@ -4,6 +4,8 @@ Resolves the composite config, writes the three component configs to
 `outputs/<run>/configs/`, starts the inference server and the trainer (under torchrun
 when `trainer.num_processes > 1`), waits for the server to serve, starts the
 orchestrator, shows progress, and stops everything when the run ends, fails, or is interrupted.
+With a `[teacher]` that names no `base_url` it also starts the teacher's inference server
+(`configs/teacher.toml`, `logs/teacher.log`) beside the policy's and waits for it too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from prime_rl.configs.cli import run_main
 from prime_rl.configs.toml_io import write_toml
+from prime_rl.inference.config import InferenceConfig
 from prime_rl.launch import output_dir
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
@@ -46,6 +49,8 @@ from prime_rl.utils.net import listening_socket
 
 POLL_S = 0.25
 RUN_PARTS = (TRAINER, ORCHESTRATOR)  # what a checkpoint step of an rl run must hold to resume from
+TEACHER = "teacher"  # the teacher's server: its config and log file names
+SERVERS = ("inference", TEACHER)  # children that must never exit while the run goes on
 
 
 class ComponentFailed(PrimeError):
@@ -139,8 +144,24 @@ def failure(child: Child, run_dir: Path) -> ComponentFailed:
     return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}")
 
 
+def starts_teacher(config: RLConfig) -> bool:
+    """Whether rl starts the teacher's server: a `[teacher]` without `base_url`."""
+    return config.teacher is not None and config.teacher.base_url is None
+
+
+def teacher_server(config: RLConfig, port: int) -> InferenceConfig:
+    """The teacher server's config: inference's, with the teacher's model and backend, its own port, no weight
+    updates, and one token more context than seq_len (a scoring request generates one)."""
+    teacher = config.teacher
+    vllm = config.inference.vllm.model_copy(update={"max_model_len": None, "max_lora_rank": None})
+    return config.inference.model_copy(deep=True, update={
+        "model": teacher.model, "backend": teacher.backend, "port": port, "seq_len": config.seq_len + 1,
+        "weight_dirs": [], "vllm": vllm})
+
+
 def component_commands(config: RLConfig) -> dict[str, list[str]]:
-    """Each component's command line, reading its config from `configs/<component>.toml`."""
+    """Each component's command line, reading its config from `configs/<component>.toml` (the teacher's server
+    too when rl starts it)."""
     python = sys.executable
     out = config.output_dir
     trainer_module = ["-m", "prime_rl.trainer.rl.train", "@", str(config_file(out, "trainer"))]
@@ -149,12 +170,14 @@ def component_commands(config: RLConfig) -> dict[str, list[str]]:
                    f"--nproc-per-node={config.trainer.num_processes}", *trainer_module]
     else:
         trainer = [python, *trainer_module]
-    return {
-        "inference": [python, "-m", "prime_rl.inference.server", "@", str(config_file(out, "inference"))],
-        "orchestrator": [python, "-m", "prime_rl.orchestrator.orchestrator", "@",
-                         str(config_file(out, "orchestrator"))],
-        "trainer": trainer,
+    commands = {
+        name: [python, "-m", "prime_rl.inference.server", "@", str(config_file(out, name))]
+        for name in SERVERS if name == "inference" or starts_teacher(config)
     }
+    commands["orchestrator"] = [python, "-m", "prime_rl.orchestrator.orchestrator", "@",
+                                str(config_file(out, "orchestrator"))]
+    commands["trainer"] = trainer
+    return commands
 
 
 # Where each child reads the inference API key from: its config field as a PRIME_ variable.
@@ -172,7 +195,13 @@ def run_api_key(config: RLConfig) -> dict[str, dict[str, str]]:
     if mine and theirs and mine.get_secret_value() != theirs.get_secret_value():
         raise ConfigError("inference.api_key and orchestrator.client.api_key differ: set inference.api_key alone")
     key = (mine or theirs).get_secret_value() if (mine or theirs) else secrets.token_urlsafe(32)
-    return {name: {variable: key} for name, variable in API_KEY_ENV.items()}
+    env = {name: {variable: key} for name, variable in API_KEY_ENV.items()}
+    if starts_teacher(config):  # the teacher server rl starts takes the run's key
+        env[TEACHER] = {"PRIME_API_KEY": key}
+        env["orchestrator"]["PRIME_TEACHER__API_KEY"] = key
+    elif config.teacher is not None and config.teacher.api_key is not None:
+        env["orchestrator"]["PRIME_TEACHER__API_KEY"] = config.teacher.api_key.get_secret_value()
+    return env
 
 
 def child_env(cuda_devices: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -230,7 +259,7 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail,
         view.update(tail)
         for child in children.values():
             code = child.poll()
-            if code not in (None, 0) or (child.name == "inference" and code is not None):
+            if code not in (None, 0) or (child.name in SERVERS and code is not None):
                 raise failure(child, run_dir)
         if children["trainer"].poll() == 0 and children["orchestrator"].poll() == 0:
             return
@@ -247,6 +276,7 @@ def launch(config: RLConfig) -> None:
     resumed = pin_resume_step(config)
     inference_devices, trainer_devices = assign_devices(config)
     port = server_port(config.inference.host, config.inference.port if "port" in config.inference.model_fields_set else 0)
+    teacher = teacher_server(config, server_port(config.inference.host, 0)) if starts_teacher(config) else None
     output_dir.check_writable(config.output_dir)
     output_dir.delete(doomed)
     if resumed is not None:
@@ -258,13 +288,23 @@ def launch(config: RLConfig) -> None:
     config.orchestrator.trainer_world_size = config.trainer.num_processes
     config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
 
+    if teacher is not None:
+        url = f"http://{teacher.host}:{teacher.port}/v1"
+        config.orchestrator.teacher = config.teacher.model_copy(update={"base_url": url})
+        write_toml(config_file(config.output_dir, TEACHER), teacher.model_dump(mode="json"))
+
     for name in COMPONENTS:
         write_toml(config_file(config.output_dir, name), getattr(config, name).model_dump(mode="json"))
-    # Without `overwrite`: running this file again must not delete the run it describes.
-    write_toml(config_file(config.output_dir, "rl"), config.model_dump(mode="json", exclude={"overwrite"}))
+    # Without `overwrite`: running this file again must not delete the run it describes (nor find the URL of
+    # the teacher server this run started, which would stop it from starting one).
+    rl_toml = config.model_dump(mode="json", exclude={"overwrite"})
+    if teacher is not None:
+        rl_toml["orchestrator"]["teacher"]["base_url"] = None
+    write_toml(config_file(config.output_dir, "rl"), rl_toml)
 
     commands = component_commands(config)
-    devices = {"inference": inference_devices, "orchestrator": "", "trainer": trainer_devices}
+    devices = {"inference": inference_devices, TEACHER: inference_devices, "orchestrator": "",
+               "trainer": trainer_devices}
     children = {
         name: Child(name, commands[name], log_file(config.output_dir, name),
                     child_env(devices[name], key_env.get(name)))
@@ -281,10 +321,15 @@ def launch(config: RLConfig) -> None:
             console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
         # The trainer needs nothing from the server: it starts (imports, loads the model) meanwhile.
         children["inference"].start()
+        if teacher is not None:
+            children[TEACHER].start()
         children["trainer"].start()
-        health = f"http://{config.inference.host}:{config.inference.port}/health"
-        console.print(f"waiting for the inference server ({health}) ...")
-        wait_for_health(health, children["inference"], config.deployment.startup_timeout_s, config.output_dir)
+        for name, server in (("inference", config.inference), (TEACHER, teacher)):
+            if server is None:
+                continue
+            health = f"http://{server.host}:{server.port}/health"
+            console.print(f"waiting for the {name} server ({health}) ...")
+            wait_for_health(health, children[name], config.deployment.startup_timeout_s, config.output_dir)
         children["orchestrator"].start()
         view = ProgressView(console, config.max_steps, resumed or 0)
         supervise(children, view, tail, config.output_dir)

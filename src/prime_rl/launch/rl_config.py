@@ -1,7 +1,7 @@
 """The composite config of `rl`: shared keys plus the three component configs.
 
 `rl` owns the shared keys (`model`, `output_dir`, `max_steps`, `seq_len`, `seed`,
-`wandb`, `max_async_level`, `loss`, `ckpt`) and hands each one down to every component
+`wandb`, `max_async_level`, `loss`, `ckpt`, `teacher`) and hands each one down to every component
 config that has it. A component that sets a shared key itself must agree with `rl`'s
 value; a different value is an error, never a silent override.
 """
@@ -17,10 +17,11 @@ from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
 from prime_rl.configs.shared import CkptConfig, RunConfig
 from prime_rl.inference.config import InferenceConfig
-from prime_rl.orchestrator.config import OrchestratorConfig
+from prime_rl.orchestrator.config import OrchestratorConfig, TeacherConfig
 from prime_rl.trainer.config import TrainerConfig
 
-SHARED_KEYS = ("model", "output_dir", "max_steps", "seq_len", "seed", "wandb", "max_async_level", "loss", "ckpt")
+SHARED_KEYS = ("model", "output_dir", "max_steps", "seq_len", "seed", "wandb", "max_async_level", "loss", "ckpt",
+               "teacher")
 COMPONENTS = ("inference", "orchestrator", "trainer")
 
 
@@ -66,6 +67,10 @@ class RLConfig(RunConfig):
     """Checkpointing and resume (trainer and orchestrator)."""
     deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
     """Device placement."""
+    teacher: TeacherConfig | None = None
+    """On-policy distillation from a teacher model (docs/losses.md#on-policy-distillation); handed to the
+    orchestrator. Without teacher.base_url rl starts the teacher's server (a second inference process with
+    inference's options, on a free port and the inference devices)."""
     overwrite: bool = False
     """Delete a previous rl run's outputs in output_dir first, after every check passed: only run artifacts, only in a directory rl marked (.prime-rl-run); other files stay. Without it an existing run is an error unless resuming."""
 
@@ -82,7 +87,7 @@ class RLConfig(RunConfig):
         `--overwrite` (delete the run) and `ckpt.resume_step` (continue it) contradict each other; so does an
         `orchestrator.sampling.max_tokens` that leaves no room for a prompt in the server's context: `seq_len`
         (the builtin server's, and the length rollouts are packed to) or `inference.vllm.max_model_len` when
-        set and vllm may serve.
+        set and vllm may serve. A trainer that publishes LoRA adapters sets `inference.vllm.max_lora_rank`.
         """
         for component in COMPONENTS:
             sub = getattr(self, component)
@@ -100,6 +105,13 @@ class RLConfig(RunConfig):
         if self.orchestrator.rollout_mode == "continuous" and self.inference.backend == "vllm":
             raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
                              "builtin backend has (inference.backend)")
+        lora = self.trainer.lora
+        if lora is not None and not lora.merge:  # the trainer publishes adapters: vLLM must serve that rank
+            served = self.inference.vllm.max_lora_rank
+            if served is None:
+                self.inference.vllm.max_lora_rank = lora.rank
+            elif served < lora.rank:
+                raise ValueError(f"inference.vllm.max_lora_rank = {served} is below trainer.lora.rank = {lora.rank}")
         limits = {"seq_len": self.seq_len}
         if self.inference.backend != "builtin" and self.inference.vllm.max_model_len is not None:
             limits["inference.vllm.max_model_len"] = self.inference.vllm.max_model_len

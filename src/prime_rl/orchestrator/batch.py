@@ -4,7 +4,9 @@ A sample is prompt + completion: `loss_mask` is true on the completion tokens th
 sampled (a multi-turn completion also holds the environment's tokens between turns:
 `completion_mask` false there; no token when the sample is masked), `inference_logprobs`
 are the server's logprobs there, and the sample's scalar advantage is broadcast to its
-trained tokens (both 0 off the loss mask).
+trained tokens, unless it has per-token advantages (`token_advantages`, the OPD advantage of
+`orchestrator/teacher.py`). With a teacher every row carries `teacher_logprobs` (the
+teacher's logprob of each trained token). All of them are 0 off the loss mask.
 
 Shared prefixes: consecutive samples with the same prompt (a group's completions) form one
 *unit*, its prompt laid out once (`utils.batch_format`: root = prompt[:-1], one branch
@@ -25,6 +27,7 @@ import torch
 
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
 from prime_rl.utils.packing import first_fit_decreasing
+from prime_rl.utils.sampling_rule import SamplingRule
 
 PAD_TOKEN_ID = 0
 
@@ -38,6 +41,8 @@ class Sample:
     policy_step: int
     train: bool = True  # false: every loss_mask entry is false (e.g. a masked truncated completion)
     completion_mask: list[bool] | None = None  # per completion token: sampled by the policy (None: all were)
+    teacher_logprobs: list[float] | None = None  # per completion token: the teacher's logprob (orchestrator/teacher.py)
+    token_advantages: list[float] | None = None  # per completion token: replaces `advantage` when set
 
     def trained(self) -> list[bool]:
         """Per completion token: does it carry loss."""
@@ -55,9 +60,12 @@ class Sample:
             return self
         if len(self.prompt_ids) >= max_len:
             raise ValueError(f"a prompt of {len(self.prompt_ids)} tokens does not fit seq_len {max_len}")
-        mask = self.completion_mask[:keep] if self.completion_mask is not None else None
+        def cut(values: list | None) -> list | None:
+            return values[:keep] if values is not None else None
+
         return Sample(self.prompt_ids, self.completion_ids[:keep], self.completion_logprobs[:keep],
-                      self.advantage, self.policy_step, self.train, mask)
+                      self.advantage, self.policy_step, self.train, cut(self.completion_mask),
+                      cut(self.teacher_logprobs), cut(self.token_advantages))
 
 
 def assign_rows(row_tokens: list[int], world_size: int) -> list[list[int]]:
@@ -98,9 +106,10 @@ def make_units(samples: list[Sample], seq_len: int, share_prompts: bool = True) 
 class _Row:
     """Token lists of one micro-batch under construction."""
 
-    def __init__(self):
+    def __init__(self, with_teacher: bool = False):
         self.ids, self.positions, self.mask, self.logprobs, self.advantages = [], [], [], [], []
         self.lens, self.steps = [], []
+        self.teacher: list[float] | None = [] if with_teacher else None
 
     def segment(self, context: list[int], first_position: int, s: Sample | None, policy_step: int) -> None:
         """Append a segment from `first_position`: `context` tokens (not trained), then `s`'s completion
@@ -112,7 +121,12 @@ class _Row:
         self.positions += list(range(first_position, first_position + len(context) + n))
         self.mask += [False] * len(context) + trained
         self.logprobs += [0.0] * len(context) + [lp if t else 0.0 for lp, t in zip(logprobs, trained, strict=True)]
-        self.advantages += [0.0] * len(context) + [s.advantage if t else 0.0 for t in trained]
+        advantages = s.token_advantages if s is not None and s.token_advantages is not None else [
+            s.advantage if s is not None else 0.0] * n
+        self.advantages += [0.0] * len(context) + [a if t else 0.0 for a, t in zip(advantages, trained, strict=True)]
+        if self.teacher is not None:
+            teacher = s.teacher_logprobs if s is not None and s.teacher_logprobs is not None else [0.0] * n
+            self.teacher += [0.0] * len(context) + [lp if t else 0.0 for lp, t in zip(teacher, trained, strict=True)]
         self.lens.append(len(context) + n)
         self.steps.append(policy_step)
 
@@ -134,25 +148,28 @@ class _Row:
             inference_logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
             advantages=torch.tensor(self.advantages, dtype=torch.float32),
             policy_step=torch.tensor(self.steps, dtype=torch.long),
+            teacher_logprobs=None if self.teacher is None else torch.tensor(self.teacher, dtype=torch.float32),
         )
 
 
-def micro_batch(units: list[list[Sample]]) -> MicroBatch:
-    """One packed row of `units` (see `make_units`)."""
-    row = _Row()
+def micro_batch(units: list[list[Sample]], with_teacher: bool = False) -> MicroBatch:
+    """One packed row of `units` (see `make_units`); `with_teacher`: with `teacher_logprobs`."""
+    row = _Row(with_teacher)
     for unit in units:
         row.unit(unit)
     return row.micro_batch()
 
 
-def padding_micro_batch() -> MicroBatch:
+def padding_micro_batch(with_teacher: bool = False) -> MicroBatch:
     """A one-token row that trains nothing: keeps every rank's micro-batch count equal."""
-    return micro_batch([[Sample([PAD_TOKEN_ID], [], [], 0.0, 0, train=False)]])
+    return micro_batch([[Sample([PAD_TOKEN_ID], [], [], 0.0, 0, train=False)]], with_teacher)
 
 
-def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, temperature: float,
-               max_tokens: int, share_prompts: bool = True) -> list[RankBatch]:
-    """Pack `samples` into one `RankBatch` per trainer rank, all with the same number of micro-batches."""
+def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, rule: SamplingRule,
+               max_tokens: int, share_prompts: bool = True, with_teacher: bool = False) -> list[RankBatch]:
+    """Pack `samples` into one `RankBatch` per trainer rank, all with the same number of micro-batches;
+    `rule` is the distribution they were sampled from (the trainer scores tokens under it). `with_teacher`:
+    every row, padding included, carries `teacher_logprobs`."""
     units = make_units(samples, seq_len, share_prompts)
     lengths = [unit_length(u) for u in units]
     rows = first_fit_decreasing(lengths, seq_len, item="unit (a sample, or samples sharing a prompt)")
@@ -161,7 +178,7 @@ def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, 
     count = max(1, max(len(r) for r in per_rank))  # an empty batch still gives every rank one (padding) row
     batches = []
     for rank_rows in per_rank:
-        mbs = [micro_batch([units[i] for i in rows[r]]) for r in rank_rows]
-        mbs += [padding_micro_batch() for _ in range(count - len(mbs))]
-        batches.append(RankBatch(step=step, temperature=temperature, max_tokens=max_tokens, micro_batches=mbs))
+        mbs = [micro_batch([units[i] for i in rows[r]], with_teacher) for r in rank_rows]
+        mbs += [padding_micro_batch(with_teacher) for _ in range(count - len(mbs))]
+        batches.append(RankBatch(step, rule.temperature, max_tokens, mbs, rule.top_k, rule.top_p, rule.min_p))
     return batches

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_rl.run_dir import ORCHESTRATOR, checkpoint_dir, prune_checkpoints
+from prime_rl.run_dir import ORCHESTRATOR, TRAINER, checkpoint_dir, prune_checkpoints
 from prime_rl.utils.checksums import verify_manifest, write_manifest
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import atomic_dir
@@ -60,7 +60,7 @@ def save_state(output_dir: Path, state: OrchestratorState, keep: int | None = No
     with atomic_dir(target) as tmp:
         (tmp / STATE_FILE).write_text(state.to_json())
         write_manifest(tmp)
-    prune_checkpoints(output_dir, keep)
+    prune_checkpoints(output_dir, keep, parts=(TRAINER, ORCHESTRATOR))  # it never runs without a trainer
     return target
 
 

@@ -7,13 +7,15 @@ completions) and `token_weight_steps` (when absent: all `weight_step`). Requests
 `n` completions of one prompt, a chat prompt (`chat`) or exact token ids (`complete`, for
 multi-turn rollouts), with logprobs and `return_token_ids: true` (vLLM needs both). At most `max_concurrency` requests are in flight; an unreachable server
 is retried until `connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set every request
-carries `Authorization: Bearer <key>`.
+carries `Authorization: Bearer <key>`. `score` is the teacher's scoring call: the logprobs of
+given token ids (`prompt_logprobs` on `/v1/completions`, read by `parse_prompt_logprobs`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,7 @@ import aiohttp
 
 from prime_rl.orchestrator.config import ClientConfig
 from prime_rl.utils.errors import PrimeError
+from prime_rl.utils.sampling_rule import SamplingRule
 
 SPARE_CONNECTIONS = 2
 CONNECT_ATTEMPT_S = 10.0  # one TCP connect; failed ones are retried until connect_timeout_s
@@ -103,6 +106,33 @@ def parse_chat_response(data: dict[str, Any], n: int) -> ChatResult:
     return result
 
 
+def parse_prompt_logprobs(data: dict[str, Any], ids: list[int]) -> list[float]:
+    """The logprob of `ids[i]` given `ids[:i]`, for i >= 1, from a completions answer to a `prompt_logprobs`
+    request (both backends, vLLM's shape: the first choice's `prompt_logprobs` is a list with null first and
+    then, per token, an object that maps the token id, as a string, to `{"logprob": x, ...}`). Another length,
+    another token, a non-number, NaN, infinity or a logprob above 0 is an InferenceError."""
+    try:
+        echoed = data.get("prompt_token_ids")
+        if echoed is not None and [int(t) for t in echoed] != ids:
+            raise ValueError("the answer's prompt_token_ids are not the ids sent")
+        entries = data["choices"][0]["prompt_logprobs"]
+        if len(entries) != len(ids):
+            raise ValueError(f"{len(entries)} prompt logprobs for {len(ids)} tokens")
+        values = []
+        for token, entry in zip(ids[1:], entries[1:], strict=True):
+            value = entry[str(token)]["logprob"]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"logprob {value!r} is not a number")
+            values.append(float(value))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise InferenceError(f"malformed prompt logprobs from the server ({type(exc).__name__}: {exc})") from None
+    bad = next((i for i, v in enumerate(values) if not (math.isfinite(v) and v <= 0.0)), None)
+    if bad is not None:
+        raise InferenceError(f"the server gave prompt token {bad + 1} (id {ids[bad + 1]}) the logprob {values[bad]}: "
+                             "not a finite log-probability")
+    return values
+
+
 class InferenceClient:
     """One connection pool to the server; use as `async with InferenceClient(config) as client`."""
 
@@ -111,6 +141,7 @@ class InferenceClient:
         self.root = server_root(config.base_url)
         self.base_url = config.base_url.rstrip("/")
         self.model: str | None = None
+        self.context_len: int | None = None  # the served context (`max_model_len` of /v1/models), when given
         self._limit = asyncio.Semaphore(config.max_concurrency)
         self._headers = {"Authorization": f"Bearer {config.api_key.get_secret_value()}"} if config.api_key else {}
         self._http: aiohttp.ClientSession | None = None
@@ -174,32 +205,38 @@ class InferenceClient:
         data = await self._request("GET", f"{self.base_url}/models")
         try:
             self.model = data["data"][0]["id"]
-        except (KeyError, IndexError, TypeError):
+            context_len = data["data"][0].get("max_model_len")
+        except (KeyError, IndexError, TypeError, AttributeError):
             raise InferenceError(f"unexpected /v1/models answer from {self.root}: {str(data)[:200]}") from None
+        if isinstance(context_len, int) and not isinstance(context_len, bool) and context_len > 0:
+            self.context_len = context_len
         return self.model
 
-    async def chat(self, messages: list[dict[str, str]], n: int, temperature: float, top_p: float,
-                   max_tokens: int, seed: int | None = None) -> ChatResult:
+    async def chat(self, messages: list[dict[str, str]], n: int, rule: SamplingRule, max_tokens: int,
+                   seed: int | None = None) -> ChatResult:
         """`n` completions of a chat prompt (the server applies the chat template)."""
-        return await self._generate("chat/completions", {"messages": messages}, n, temperature, top_p, max_tokens,
-                                    seed)
+        return await self._generate("chat/completions", {"messages": messages}, n, rule, max_tokens, seed)
 
-    async def complete(self, prompt_ids: list[int], n: int, temperature: float, top_p: float, max_tokens: int,
+    async def complete(self, prompt_ids: list[int], n: int, rule: SamplingRule, max_tokens: int,
                        seed: int | None = None) -> ChatResult:
         """`n` completions of exactly these prompt token ids (token in, token out: nothing is re-tokenized)."""
-        return await self._generate("completions", {"prompt": prompt_ids}, n, temperature, top_p, max_tokens, seed)
+        return await self._generate("completions", {"prompt": prompt_ids}, n, rule, max_tokens, seed)
 
-    async def _generate(self, route: str, prompt: dict[str, Any], n: int, temperature: float, top_p: float,
-                        max_tokens: int, seed: int | None) -> ChatResult:
+    async def _generate(self, route: str, prompt: dict[str, Any], n: int, rule: SamplingRule, max_tokens: int,
+                        seed: int | None) -> ChatResult:
         body: dict[str, Any] = {
             **prompt,
             "n": n,
-            "temperature": temperature,
-            "top_p": top_p,
+            "temperature": rule.temperature,
+            "top_p": rule.top_p,
             "max_tokens": max_tokens,
             "logprobs": True if route == "chat/completions" else 0,  # completions: the sampled token's logprob
             "return_token_ids": True,
         }
+        if rule.top_k > 0:
+            body["top_k"] = rule.top_k
+        if rule.min_p > 0:
+            body["min_p"] = rule.min_p
         if self.model is not None:
             body["model"] = self.model
         if seed is not None:
@@ -208,9 +245,20 @@ class InferenceClient:
             data = await self._request("POST", f"{self.base_url}/{route}", body)
         return parse_chat_response(data, n)
 
+    async def score(self, ids: list[int], temperature: float) -> list[float]:
+        """log p(ids[i] | ids[:i]) for i >= 1 under the served model at `temperature` (untruncated): one
+        completions request with `prompt_logprobs: 0` (and one generated token, which both backends need)."""
+        body: dict[str, Any] = {"prompt": ids, "n": 1, "max_tokens": 1, "temperature": temperature,
+                                "prompt_logprobs": 0, "return_token_ids": True}
+        if self.model is not None:
+            body["model"] = self.model
+        async with self._limit:
+            data = await self._request("POST", f"{self.base_url}/completions", body)
+        return parse_prompt_logprobs(data, ids)
+
     async def served_step(self) -> int:
         """The weight step the server serves now (from a one-token request: works on every backend)."""
-        result = await self.chat([{"role": "user", "content": "hi"}], 1, 1.0, 1.0, 1, seed=0)
+        result = await self.chat([{"role": "user", "content": "hi"}], 1, SamplingRule(), 1, seed=0)
         return result.weight_step
 
     async def update_weights(self, path: str, step: int, in_flight: bool = False) -> int:

@@ -10,10 +10,13 @@ from pydantic import Field, field_validator, model_validator
 
 from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
 from prime_rl.configs.base import BaseConfig
-from prime_rl.configs.shared import CkptConfig, RunConfig
+from prime_rl.configs.model_info import context_length, vocabulary_mismatch
+from prime_rl.configs.shared import CkptConfig, ModelConfig, RunConfig
 from prime_rl.configs.validators import ApiKey
 from prime_rl.envs import ENVIRONMENTS, load_env
+from prime_rl.inference.config import BACKENDS, resolved_backend
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.sampling_rule import SamplingRule
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -87,7 +90,12 @@ class SamplingConfig(BaseConfig):
     temperature: Annotated[float, Field(allow_inf_nan=True)] = 1.0  # inf/nan reach the validator, which says why not
     """Sampling temperature T, finite and >= 1e-3: the trainer scores tokens with log_softmax(logits / T), so T = 0 (greedy) cannot be trained on (use eval.temperature = 0 for greedy evaluation)."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    """Nucleus sampling mass (keep 1.0 for RL: the trainer does not truncate)."""
+    """Nucleus sampling: keep the smallest most-likely set with mass >= top_p (1: off). The trainer scores tokens
+    under the same truncation, so the importance ratio stays exact (see docs/losses.md, "Truncated sampling")."""
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    """Keep only the top_k most likely tokens (-1: off; 0 is refused, as it would mean nothing)."""
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Keep only tokens with probability >= min_p * the most likely token's (0: off)."""
     max_tokens: Annotated[int, Field(gt=0)] = 128
     """Most completion tokens per rollout."""
 
@@ -101,6 +109,18 @@ class SamplingConfig(BaseConfig):
                 "greedy decoding (0) is for eval.temperature only"
             )
         return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("top_k = 0 keeps no token: use -1 to turn top-k off, or a positive count")
+        return value
+
+    @property
+    def rule(self) -> SamplingRule:
+        """The distribution tokens are drawn from (the server samples it, the trainer scores it)."""
+        return SamplingRule(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
 class EvalConfig(BaseConfig):
@@ -116,6 +136,39 @@ class EvalConfig(BaseConfig):
     """Sampling temperature, finite; 0 is greedy decoding (argmax), allowed here because eval rollouts are never trained on."""
     success_threshold: Annotated[float, Field(ge=0, le=1)] = 1.0
     """A completion counts as solved for pass@k when its reward is at least this."""
+
+
+class TeacherConfig(BaseConfig):
+    """On-policy distillation (`[teacher]`): a teacher model, served by an inference server, scores the tokens of
+    every trained sample; its logprobs go into the batch (`teacher_logprobs`) and into the OPD advantage
+    A_t = task_coef * A + opd_coef * (teacher_t - lq_t - b) (docs/losses.md#on-policy-distillation)."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The teacher model. Its tokenizer must be the policy's (token ids are scored as they are): a different
+    vocabulary is refused at start when both models are on this machine."""
+    backend: Literal[(*BACKENDS.names, "auto")] = "auto"  # type: ignore[valid-type]
+    """Backend of the teacher server rl starts (its other options are inference's); vllm scores at temperature 1
+    only (docs/inference.md#scoring-prompt-logprobs)."""
+    base_url: str | None = None
+    """OpenAI API root of a teacher server started elsewhere (then rl starts none); none: rl starts one (a second
+    inference process on a free port) and sets this."""
+    api_key: ApiKey | None = Field(default=None, exclude=True)
+    """The teacher server's API key (Authorization: Bearer <key>); set it as PRIME_TEACHER__API_KEY. rl hands the
+    run's key to a teacher server it starts. Never printed or written to configs/."""
+    opd_coef: float = Field(default=1.0, ge=0)
+    """Weight of the per-token OPD advantage teacher_t - lq_t (the negative reverse-KL estimate on the sampled
+    token); 0: the teacher logprobs only reach the batch (for loss.teacher_tau and loss/teacher_kl)."""
+    task_coef: float = Field(default=1.0, ge=0)
+    """Weight of the task advantage A (from the rewards); 0: distillation alone."""
+    opd_center: bool = False
+    """Subtract the step's mean of teacher_t - lq_t over its trained tokens from every token's OPD term (a constant
+    baseline, as Tinker's distillation does; slime's does not): same expected gradient, less variance."""
+
+    @model_validator(mode="after")
+    def _some_signal(self) -> TeacherConfig:
+        if self.opd_coef == 0 and self.task_coef == 0:
+            raise ValueError("teacher.opd_coef and teacher.task_coef are both 0: no advantage would be left")
+        return self
 
 
 class OrchestratorConfig(RunConfig):
@@ -166,6 +219,8 @@ class OrchestratorConfig(RunConfig):
     """Periodic evaluation."""
     weights_timeout_s: PositiveFloat = 900.0
     """Longest to wait for the trainer's weights/step_N before failing."""
+    teacher: TeacherConfig | None = None
+    """On-policy distillation from a teacher model ([teacher] in an rl config); none: no teacher."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
@@ -181,6 +236,10 @@ class OrchestratorConfig(RunConfig):
         if self.rollout_mode == "continuous" and self.dynamic_sampling:
             raise ValueError("rollout_mode = 'continuous' refills the batch by itself: use filter_zero_advantage "
                              "instead of dynamic_sampling")
+        if self.teacher is not None and self.teacher.task_coef == 0 and (self.filter_zero_advantage
+                                                                         or self.dynamic_sampling):
+            raise ValueError("teacher.task_coef = 0 (distillation alone) with filter_zero_advantage or dynamic_sampling "
+                             "would drop groups of equal rewards, which still carry the teacher's signal")
         names = [e.metric_name for e in self.env]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -199,3 +258,24 @@ class OrchestratorConfig(RunConfig):
         if known is not None and max_tokens >= known[0]:
             raise ValueError(f"{prefix}sampling.max_tokens = {max_tokens} leaves no room for a prompt in the model's "
                              f"context of {known[0]} tokens (max_position_embeddings in {known[1]})")
+        if self.teacher is not None:
+            self._check_teacher(prefix)
+
+    def _check_teacher(self, prefix: str) -> None:
+        """The teacher scores the policy's token ids: same vocabulary (when both models are here), room for a
+        full-length completion (a prompt token, max_tokens, and the one token a scoring request generates), and
+        a temperature the teacher's backend can score at."""
+        teacher = self.teacher
+        differ = vocabulary_mismatch(self.model.name, teacher.model.name, self.model.trust_remote_code
+                                     or teacher.model.trust_remote_code)
+        if differ:
+            raise ValueError(f"{prefix}teacher.model {teacher.model.name!r} has another vocabulary than model "
+                             f"{self.model.name!r} ({differ}): a teacher must share the policy's tokenizer")
+        known = context_length(teacher.model.name)
+        if known is not None and known[0] < self.sampling.max_tokens + 2:
+            raise ValueError(f"{prefix}teacher.model's context of {known[0]} tokens ({known[1]}) cannot score a "
+                             f"completion of sampling.max_tokens = {self.sampling.max_tokens} after a prompt")
+        if teacher.base_url is None and resolved_backend(teacher.backend) == "vllm" and self.sampling.temperature != 1:
+            raise ValueError(f"{prefix}teacher.backend = {teacher.backend!r} serves with vllm here, which scores at "
+                             "temperature 1 only (vLLM's prompt logprobs are untempered), but sampling.temperature = "
+                             f"{self.sampling.temperature:g}")

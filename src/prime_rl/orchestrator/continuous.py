@@ -97,7 +97,7 @@ class ContinuousRollouts:
         c = self.orch.config
         s = c.sampling
         try:
-            (item,) = await generate_groups(self.orch.client, [draw], self.group_size, s.temperature, s.top_p,
+            (item,) = await generate_groups(self.orch.client, [draw], self.group_size, s.rule,
                                             s.max_tokens, [seed], c.truncated_reward, self.orch.conversations)
         except Exception as exc:  # raised by the batch that takes it
             item = exc

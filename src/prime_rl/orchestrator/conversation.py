@@ -34,6 +34,7 @@ from prime_rl.orchestrator.chat_tokens import ChatTokens
 from prime_rl.orchestrator.client import ChatResult, Completion, InferenceClient
 from prime_rl.orchestrator.rollouts import Draw, TurnStats, call_env, report_failure
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.sampling_rule import SamplingRule
 
 TURN_SEED_STRIDE = 1_000_003  # turn t of a rollout seeded s samples with s + t * stride
 
@@ -94,7 +95,7 @@ class ConversationRunner:
         self.chat_tokens = chat_tokens
         self.seq_len = seq_len
 
-    async def run_group(self, client: InferenceClient, draw: Draw, n: int, temperature: float, top_p: float,
+    async def run_group(self, client: InferenceClient, draw: Draw, n: int, rule: SamplingRule,
                         max_tokens: int, seed: int | None
                         ) -> tuple[ChatResult, list[Rollout], list[TurnStats], list[str | None]]:
         """`n` conversations of `draw`: (their tokens as a ChatResult, the conversations to score, their stats, why
@@ -105,19 +106,18 @@ class ConversationRunner:
         if room < 1:
             raise UserError(f"environment '{draw.env}': a prompt of {len(prompt_ids)} tokens leaves no room for an "
                             f"answer in seq_len {self.seq_len}")
-        first = await client.complete(prompt_ids, n, temperature, top_p, min(max_tokens, room), seed)
+        first = await client.complete(prompt_ids, n, rule, min(max_tokens, room), seed)
 
         async def rollout(index: int, completion: Completion) -> tuple[_Conversation, Rollout]:
             turn_seed = None if seed is None else seed + index
-            return await self._continue(client, draw, prompt_ids, completion, temperature, top_p, max_tokens,
-                                        turn_seed)
+            return await self._continue(client, draw, prompt_ids, completion, rule, max_tokens, turn_seed)
 
         done = await asyncio.gather(*(rollout(i, c) for i, c in enumerate(first.completions)))
         result = ChatResult(prompt_ids, first.weight_step, [conv.completion() for conv, _ in done])
         return result, [r for _, r in done], [conv.stats for conv, _ in done], [conv.error for conv, _ in done]
 
     async def _continue(self, client: InferenceClient, draw: Draw, prompt_ids: list[int], completion: Completion,
-                        temperature: float, top_p: float, max_tokens: int, seed: int | None
+                        rule: SamplingRule, max_tokens: int, seed: int | None
                         ) -> tuple[_Conversation, Rollout]:
         env, example = draw.environment, draw.example
         max_turns = draw.config.max_turns or env.max_turns
@@ -155,6 +155,6 @@ class ConversationRunner:
                 break
             conv.add_reply(ids, reply.messages)
             turn_seed = None if seed is None else (seed + conv.stats.turns * TURN_SEED_STRIDE) % (2**31 - 1)
-            (completion,) = (await client.complete(prompt_ids + conv.token_ids, 1, temperature, top_p,
+            (completion,) = (await client.complete(prompt_ids + conv.token_ids, 1, rule,
                                                    min(max_tokens, room), turn_seed)).completions
         return conv, Rollout(conv.messages, conv.finish_reason == "length", state)

@@ -9,7 +9,8 @@ For n in start .. max_steps - 1:
   2. every `eval.interval` steps, evaluate on a fixed example set;
   3. draw batch_size / rollouts_per_example examples, get rollouts_per_example
      completions each, score them, compute advantages, drop zero-advantage groups if
-     asked (dynamic sampling draws more, up to a cap);
+     asked (dynamic sampling draws more, up to a cap); with a teacher, score every trained sample on the
+     teacher's server and turn its advantage into the per-token OPD advantage (`teacher.py`);
   4. pack and write `rollouts/step_n/` (atomically), log metrics, checkpoint.
 Writing step n and moving on to n + 1 is what overlaps generation with the trainer's step n.
 """
@@ -17,6 +18,7 @@ Writing step n and moving on to n + 1 is what overlaps generation with the train
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import torch
@@ -40,11 +42,13 @@ from prime_rl.orchestrator.continuous import ContinuousRollouts
 from prime_rl.orchestrator.conversation import ConversationRunner
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
+from prime_rl.orchestrator.teacher import Teacher
 from prime_rl.orchestrator.weight_sync import WeightSync
 from prime_rl.run_dir import resolve_resume_step, rollouts_root
 from prime_rl.utils.batch_format import write_step
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
+from prime_rl.utils.sampling_rule import SamplingRule
 
 EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
 CONSOLE_KEYS = ("reward/mean", "advantage/std", "rollout/filtered_frac", "async/policy_lag_mean", "perf/step_time_s")
@@ -59,9 +63,11 @@ def rewards_tensor(groups: list[Group], n: int) -> torch.Tensor:
 
 
 class Orchestrator:
-    def __init__(self, config: OrchestratorConfig, client: InferenceClient, state: OrchestratorState):
+    def __init__(self, config: OrchestratorConfig, client: InferenceClient, state: OrchestratorState,
+                 teacher: Teacher | None = None):
         self.config = config
         self.client = client
+        self.teacher = teacher
         self.state = state
         rng = rng_from_json(state.rng_state) if state.rng_state is not None else None
         self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
@@ -94,7 +100,7 @@ class Orchestrator:
         s = self.config.sampling
         seeds = [request_seed(self.config.seed, step, first_index + i) for i in range(len(draws))]
         start = time.monotonic()
-        groups = await generate_groups(self.client, draws, self.config.rollouts_per_example, s.temperature, s.top_p,
+        groups = await generate_groups(self.client, draws, self.config.rollouts_per_example, s.rule,
                                        s.max_tokens, seeds, self.config.truncated_reward, self.conversations)
         self.generation_s += time.monotonic() - start
         self.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.result.completions)
@@ -103,7 +109,7 @@ class Orchestrator:
     async def evaluate(self, step: int) -> dict[str, float]:
         e = self.config.eval
         seeds = [request_seed(self.config.seed + EVAL_SEED_OFFSET, 0, i) for i in range(len(self.eval_draws))]
-        groups = await generate_groups(self.client, self.eval_draws, e.rollouts, e.temperature, 1.0,
+        groups = await generate_groups(self.client, self.eval_draws, e.rollouts, SamplingRule(e.temperature),
                                        self.config.sampling.max_tokens, seeds, conversations=self.conversations)
         metrics = eval_metrics(groups, e.success_threshold)
         log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
@@ -164,8 +170,11 @@ class Orchestrator:
         advantages = compute_advantages(c.advantage, rewards_tensor(kept, c.rollouts_per_example), c.normalize_advantages)
         if not kept:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
-        batches = pack_batch(self.samples(kept, advantages), c.seq_len, c.trainer_world_size, step,
-                             c.sampling.temperature, c.sampling.max_tokens, c.share_prompts)
+        samples = self.samples(kept, advantages)
+        if self.teacher is not None:  # teacher logprobs and the OPD advantage (orchestrator/teacher.py)
+            metrics |= await self.teacher.apply(samples, c.sampling.temperature)
+        batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
+                             c.share_prompts, with_teacher=self.teacher is not None)
         write_step(c.output_dir, step, batches)
         total = sum(len(g.rewards) for g in groups)
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
@@ -212,10 +221,14 @@ async def run(config: OrchestratorConfig) -> None:
     monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config.model_dump(mode="json"),
                       console_keys=CONSOLE_KEYS, resume_step=resume)
     try:
-        async with InferenceClient(config.client) as client:
+        async with InferenceClient(config.client) as client, contextlib.AsyncExitStack() as stack:
             model = await client.wait_ready()
             log.info(f"inference server {client.root} serves {model}")
-            orch = Orchestrator(config, client, state)
+            teacher = None
+            if config.teacher is not None:
+                teacher = await stack.enter_async_context(Teacher(config.teacher, config.client))
+                log.info(f"teacher server {teacher.client.root} serves {await teacher.wait_ready()}")
+            orch = Orchestrator(config, client, state, teacher)
             await orch.sync.align(config.model.path)
             try:
                 await run_steps(orch, monitor, state.step)

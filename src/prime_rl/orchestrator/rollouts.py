@@ -32,6 +32,7 @@ from prime_rl.orchestrator.client import ChatResult, InferenceClient
 from prime_rl.orchestrator.config import EnvConfig
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
+from prime_rl.utils.sampling_rule import SamplingRule
 
 if TYPE_CHECKING:
     from prime_rl.orchestrator.conversation import ConversationRunner
@@ -197,8 +198,8 @@ async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | 
     return Group(draw.env, draw.example, result, totals, [r.components for r in rewards], errors, list(stats))
 
 
-async def generate_groups(client: InferenceClient, draws: list[Draw], n: int, temperature: float, top_p: float,
-                          max_tokens: int, seeds: list[int | None], truncated_reward: float | None = None,
+async def generate_groups(client: InferenceClient, draws: list[Draw], n: int, rule: SamplingRule, max_tokens: int,
+                          seeds: list[int | None], truncated_reward: float | None = None,
                           conversations: ConversationRunner | None = None) -> list[Group]:
     """Ask for `n` rollouts of every draw (bounded by the client's concurrency) and score them. A multi-turn
     environment's draws run through `conversations` (token in, token out); the others are one chat request."""
@@ -208,9 +209,9 @@ async def generate_groups(client: InferenceClient, draws: list[Draw], n: int, te
             if conversations is None:
                 raise UserError(f"environment '{draw.env}' is multi-turn, but no conversation runner was set up")
             result, rollouts, stats, failed = await conversations.run_group(
-                client, draw, n, temperature, top_p, max_tokens, seed)
+                client, draw, n, rule, max_tokens, seed)
             return await score_group(draw, result, truncated_reward, rollouts, stats, failed)
-        result = await client.chat(draw.example.prompt, n, temperature, top_p, max_tokens, seed)
+        result = await client.chat(draw.example.prompt, n, rule, max_tokens, seed)
         return await score_group(draw, result, truncated_reward)
 
     return list(await asyncio.gather(*(one(d, s) for d, s in zip(draws, seeds, strict=True))))

@@ -2,9 +2,14 @@
 
     .metadata, __R_0.distcp   model and optimizer: torch.distributed.checkpoint, each rank writes
                               its shards and any world size can load them
-    meta.json                 {"step", "scheduler": its state dict, "extra"} (rank 0)
+    meta.json                 {"step", "scheduler": its state dict, "extra", "model"} (rank 0)
     rank_R.json               rank R's RNG states: torch, python `random` and CUDA when present
     manifest.json             size and sha256 of every other file (`utils/checksums.py`)
+
+Frozen parameters are not stored: with LoRA the model part holds only the adapters (and the
+optimizer their state); the base comes from model.name. `meta.json`'s "model" records what was
+trained (`lora.checkpoint_identity`: LoRA on/off, its shape, the base's fingerprint), and a resume
+into another one is refused (`lora.check_resume`) before anything is loaded.
 
 Nothing is pickled besides DCP's own files, and those load with `safe_dcp`'s allow-list:
 resuming from a checkpoint someone else supplied cannot run code. State that JSON would
@@ -30,10 +35,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from prime_rl.run_dir import TRAINER, checkpoint_dir, prune_checkpoints
 from prime_rl.trainer import safe_dcp
+from prime_rl.trainer.lora import check_resume
 from prime_rl.utils.checksums import CorruptCheckpoint, verify_manifest, write_manifest
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.json_state import (
@@ -45,6 +51,7 @@ from prime_rl.utils.json_state import (
 )
 
 META = "meta.json"
+TRAINABLE = StateDictOptions(ignore_frozen_params=True)  # frozen (LoRA base) weights come from model.name
 
 
 def ckpt_dir(output_dir: Path, step: int) -> Path:
@@ -69,12 +76,24 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(tensor_rng_from_json(state["cuda"]))
 
 
+def _trained_state(model: nn.Module, optimizer: torch.optim.Optimizer, identity: dict | None) -> tuple[dict, dict]:
+    """Model and optimizer state dicts of the trained parameters: all of them, or with LoRA the adapters
+    (a tied frozen weight such as lm_head slips through `ignore_frozen_params`, hence the name filter)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINABLE)
+    if (identity or {}).get("lora") is not None:
+        model_sd = {key: value for key, value in model_sd.items() if ".lora_" in key}
+    return model_sd, optim_sd
+
+
 def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler, extra: dict | None = None, keep: int | None = None) -> Path:
-    """Collective: every rank calls it after `step` optimizer steps."""
+                    scheduler, extra: dict | None = None, keep: int | None = None,
+                    identity: dict | None = None) -> Path:
+    """Collective: every rank calls it after `step` optimizer steps. `identity`: what was trained
+    (`lora.checkpoint_identity`), checked on resume."""
     rank = dist.get_rank()
     # Every rank serialises first: a field JSON cannot restore fails on all ranks, before any write.
-    meta = dumps_exact({"step": step, "scheduler": scheduler.state_dict(), "extra": extra or {}}, "checkpoint meta")
+    meta = dumps_exact({"step": step, "scheduler": scheduler.state_dict(), "extra": extra or {},
+                        "model": identity or {"lora": None}}, "checkpoint meta")
     rng = dumps_exact(_rng_state(), "RNG state")
     final = ckpt_dir(output_dir, step)
     tmp = final.parent / f".{TRAINER}.tmp"
@@ -82,7 +101,7 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _trained_state(model, optimizer, identity)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     rank_file(tmp, rank).write_text(rng)
     if rank == 0:
@@ -112,16 +131,26 @@ def _verify(directory: Path) -> None:
 
 
 def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler) -> dict:
-    """Collective: verify, then restore model, optimizer, scheduler and this rank's RNG; returns the saved `extra`."""
+                    scheduler, identity: dict | None = None) -> dict:
+    """Collective: verify, check the checkpoint trained this `identity`, then restore model, optimizer,
+    scheduler and this rank's RNG; returns the saved `extra`."""
     directory = ckpt_dir(output_dir, step)
     _verify(directory)
     try:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        meta = json.loads((directory / META).read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load checkpoint {directory}: {META}: {exc}") from None
+    check_resume(meta.get("model") or {"lora": None}, identity or {"lora": None}, str(directory))
+    try:
+        model_sd, optim_sd = _trained_state(model, optimizer, identity)
         state = {"model": model_sd, "optim": optim_sd}
         safe_dcp.load(state, directory)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        meta = json.loads((directory / META).read_text())
+        # strict=False: the frozen weights are absent by design; DCP's load above already failed on any
+        # trained key the checkpoint lacks.
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
         if meta["step"] != step:
             raise ValueError(f"{META} is of step {meta['step']}")
         scheduler.load_state_dict(meta["scheduler"])

@@ -67,6 +67,29 @@ class ModelInitConfig(BaseConfig):
     """Config fields to override, e.g. {hidden_size = 128, num_hidden_layers = 4}."""
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRAConfig(BaseConfig):
+    """LoRA (peft): train low-rank adapters on frozen base weights, W = W0 + (alpha / rank) * B @ A.
+
+    Only A [rank, in] and B [out, rank] of each targeted linear layer are trained (B starts at 0,
+    so step 0 is the base model); weights/step_N holds the adapter, or merged full weights with `merge`.
+    """
+
+    rank: Annotated[int, Field(ge=1)] = 8
+    """Rank r of each adapter (A is [r, in_features], B is [out_features, r])."""
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    """Scale numerator: the adapter adds (alpha / rank) * B @ A to each targeted weight."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on each adapter's input (sft only: the RL trainer runs with dropout off, see docs/trainer.md#lora)."""
+    target_modules: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = Field(
+        default_factory=lambda: list(LORA_TARGETS))
+    """Linear layers to adapt, by name or name suffix inside the decoder layers (peft's target_modules); each must match a layer."""
+    merge: bool = False
+    """Publish merged full weights (W0 + scale * B @ A) to weights/step_N instead of the adapter (any backend, no LoRA support needed)."""
+
+
 class TrainingConfig(RunConfig):
     """What every training entrypoint (`trainer`, `sft`) has: the optimizer, its schedule, checkpoints, how
     the model runs, and the weights it writes (`trainer/session.py` runs all of it)."""
@@ -81,6 +104,8 @@ class TrainingConfig(RunConfig):
     """dtype, attention kernel, activation checkpointing, compile."""
     keep_weights: Annotated[int, Field(ge=1)] | None = 3
     """Keep only the newest this many weights/step_N directories (none: keep all)."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters instead of every weight (none: full fine-tuning); see docs/trainer.md#lora."""
 
 
 class TrainerConfig(TrainingConfig):
@@ -90,6 +115,10 @@ class TrainerConfig(TrainingConfig):
 
     loss: LossConfig = Field(default_factory=DefaultLossConfig)
     """Policy loss (see docs/losses.md)."""
+    match_truncation: bool = True
+    """Score tokens under the sampler's truncation (the batch's top_k, top_p, min_p applied to the trainer's own
+    logits, renormalised), so the importance ratio is exactly 1 on-policy; false: the full softmax, whose ratio is
+    wrong on every token whenever the sampler truncates (see docs/losses.md, "Truncated sampling")."""
     update_epochs: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
     batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0

@@ -35,7 +35,7 @@ def wait_for_batch(output_dir: Path, step: int, rank: int, timeout_s: float,
     """Block until step `step`'s batch exists (at most `timeout_s`); return it and the seconds waited.
 
     The batch is checked: its step, every micro-batch's shapes, a finite temperature > 0 (the
-    logits are divided by it) and, when `max_async_level` is given, every trained sample's
+    logits are divided by it), its truncation's ranges and, when `max_async_level` is given, every trained sample's
     policy step (`check_policy_steps`).
     """
     directory = rollout_dir(output_dir, step)
@@ -51,6 +51,9 @@ def wait_for_batch(output_dir: Path, step: int, rank: int, timeout_s: float,
     if not (math.isfinite(batch.temperature) and batch.temperature > 0):
         raise PrimeError(f"rollout batch {path} has sampling temperature {batch.temperature}: the trainer divides "
                          "logits by it, so it must be finite and > 0")
+    if not (batch.top_k >= -1 and 0 < batch.top_p <= 1 and 0 <= batch.min_p <= 1):
+        raise PrimeError(f"rollout batch {path} has an invalid truncation (top_k {batch.top_k}, top_p {batch.top_p}, "
+                         f"min_p {batch.min_p}): needs top_k >= -1, 0 < top_p <= 1 and 0 <= min_p <= 1")
     for mb in batch.micro_batches:
         mb.validate()
     if max_async_level is not None:

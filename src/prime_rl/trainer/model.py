@@ -20,6 +20,7 @@ from prime_rl.configs.shared import ModelConfig
 from prime_rl.trainer.attention_layout import Row, flash_layout, padded_layout
 from prime_rl.trainer.config import ModelInitConfig, RuntimeConfig
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
 
 
 def resolve_dtype(options: RuntimeConfig, device: torch.device) -> torch.dtype:
@@ -160,39 +161,60 @@ def segment_starts(sample_lens: torch.Tensor, num_tokens: int) -> torch.Tensor:
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, sample_lens: torch.Tensor,
-                   temperature: float = 1.0, entropies: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token logprobs and entropies of a packed row from its logits [T, V] (in row order).
+                   rule: SamplingRule = SamplingRule(), entropies: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token logprobs and entropies of a packed row from its logits [T, V] (in row order), under the
+    distribution the sampler drew token t from (`rule`: temperature T and truncation, `utils.sampling_rule`).
 
-    lp[t] = log_softmax(logits[t-1] / T)[input_ids[t]],  H[t] = -sum_v p_v log p_v of that same
-    distribution. Both are 0 where nothing predicts token t: every segment's first token,
-    whose logits row belongs to the previous segment. With `entropies=False` the entropy (a
-    second pass over the vocabulary) is skipped and None.
+    Without truncation: lp[t] = log_softmax(logits[t-1] / T)[input_ids[t]].
+    With truncation (top_k, top_p or min_p): the same rule is applied to these logits, giving the kept set
+    K_t, and the sampled token a = input_ids[t] is added to it, then
+
+        lp[t] = s_a - logsumexp_{v in K_t ∪ {a}} s_v,      s = logits[t-1] / T
+
+    On-policy K_t is the server's kept set (same logits, same rule), so lp equals the server's logprob
+    and the importance ratio is 1. Off-policy K_t is the current policy's own kept set: the ratio is
+    that of the policy as it would sample now; a token it would no longer keep gets the smallest finite
+    logprob the rule allows (joining K_t) instead of log 0 = -inf, which would make every loss NaN.
+    The set is not differentiated through (a step function); the renormalisation is.
+
+    H[t] = -sum_v q_v log q_v of that same distribution q (the truncated one when truncating). Both lp
+    and H are 0 where nothing predicts token t: every segment's first token, whose logits row belongs to
+    the previous segment. With `entropies=False` the entropy (a second pass over the vocabulary) is
+    skipped and None.
     """
-    logp = torch.log_softmax(logits[:-1] / temperature, dim=-1)
-    lp = logp.gather(-1, input_ids[1:, None]).squeeze(-1)
+    scaled = logits[:-1] / rule.temperature
+    targets = input_ids[1:, None]
+    kept = None
+    if rule.truncates:
+        kept = kept_mask(scaled, rule).scatter_(-1, targets, True)
+        scaled = scaled.masked_fill(~kept, float("-inf"))
+    logp = torch.log_softmax(scaled, dim=-1)
+    lp = logp.gather(-1, targets).squeeze(-1)
     starts = segment_starts(sample_lens.to(logits.device), int(input_ids.numel()))
     lp = torch.cat([logits.new_zeros(1), lp]).masked_fill(starts, 0.0)
     if not entropies:
         return lp, None
-    ent = torch.cat([logits.new_zeros(1), -(logp.exp() * logp).sum(-1)])
+    finite = logp if kept is None else logp.masked_fill(~kept, 0.0)  # 0 * -inf would be NaN (and its gradient)
+    ent = torch.cat([logits.new_zeros(1), -(logp.exp() * finite).sum(-1)])
     return lp, ent.masked_fill(starts, 0.0)
 
 
 def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                     sample_lens: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprobs [T], entropies [T]) of a packed row under `model` at sampling `temperature`.
+                     sample_lens: torch.Tensor, rule: SamplingRule = SamplingRule()
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs [T], entropies [T]) of a packed row under `model`, scored as the sampler's `rule` drew them.
 
     See `token_logprobs` for the math. Tensors may live on any device; results are float32
     on the model's device. Gradients flow unless called under `torch.no_grad()`.
     """
-    return compute_rows_logprobs(model, [(input_ids, position_ids, sample_lens)], temperature)[0]
+    return compute_rows_logprobs(model, [(input_ids, position_ids, sample_lens)], rule)[0]
 
 
-def compute_rows_logprobs(model: nn.Module, rows: list[Row],
-                          temperature: float = 1.0, pad_id: int = 0,
+def compute_rows_logprobs(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingRule(), pad_id: int = 0,
                           entropies: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """`compute_logprobs` of several packed rows `(input_ids, position_ids, sample_lens)` in one forward."""
     device = next(model.parameters()).device
     rows = [(ids.to(device), pos.to(device), lens.to(device)) for ids, pos, lens in rows]
     logits = forward_rows_logits(model, rows, pad_id)
-    return [token_logprobs(lg, ids, lens, temperature, entropies) for lg, (ids, _, lens) in zip(logits, rows, strict=True)]
+    return [token_logprobs(lg, ids, lens, rule, entropies) for lg, (ids, _, lens) in zip(logits, rows, strict=True)]

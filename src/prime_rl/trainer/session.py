@@ -22,6 +22,7 @@ from prime_rl.run_dir import resolve_resume_step, weights_dir
 from prime_rl.trainer import ckpt as ckpt_io
 from prime_rl.trainer.config import ModelInitConfig, TrainingConfig
 from prime_rl.trainer.dist import all_reduce_sum, init_distributed
+from prime_rl.trainer.lora import LoRAWeights, apply_lora, base_fingerprint, checkpoint_identity
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
@@ -59,9 +60,13 @@ class TrainSession:
 
     `config` is a `TrainerConfig` or an `SFTConfig` (their shared part is `TrainingConfig`).
     `start_step` is the number of optimizer steps already done (from a resumed checkpoint).
+    `dropout`: whether the model's dropout layers (LoRA's included) are active in training forwards
+    (`sft`: yes; the RL trainer: no, its logprobs must be the sampling policy's, docs/trainer.md#lora).
+    With `config.lora` the model is the base with peft's LoRA layers injected; only the adapters train.
     """
 
-    def __init__(self, config: TrainingConfig, source: str, init: ModelInitConfig | None = None):
+    def __init__(self, config: TrainingConfig, source: str, init: ModelInitConfig | None = None, *,
+                 dropout: bool):
         self.config = config
         self.source = source
         self.dist = init_distributed()
@@ -76,9 +81,15 @@ class TrainSession:
 
         self.tokenizer = load_tokenizer(config.model, init)
         net = load_model(config.model, config.runtime, self.dist.device, init, self.tokenizer, seed=config.seed)
+        self.lora = None
+        if config.lora is not None:
+            self.lora = LoRAWeights.of(apply_lora(net, config.lora, config.seed), config.lora)
         self.model_config = net.config
         self.num_params = num_parameters(net)
         self.model = prepare_model(net, config.runtime, self.dist.device)
+        self.model.train(dropout)
+        fingerprint = base_fingerprint(self.model, self.dist.device) if config.lora is not None else None
+        self.identity = checkpoint_identity(config.lora, fingerprint)  # what the checkpoints trained
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)
 
@@ -87,7 +98,7 @@ class TrainSession:
         resume = resolve_resume_step(self.output_dir, config.ckpt.resume_step)
         if resume is not None:
             self.resume_extra = ckpt_io.load_checkpoint(self.output_dir, resume, self.model, self.optimizer,
-                                                        self.scheduler)
+                                                        self.scheduler, self.identity)
             self.start_step = resume
             self.log.info(f"resumed from {ckpt_io.ckpt_dir(self.output_dir, resume)} (continuing at step {resume})")
         self.monitor = None
@@ -138,11 +149,12 @@ class TrainSession:
         interval = self.config.ckpt.interval
         if done == self.config.max_steps or (interval is not None and done % interval == 0):
             ckpt_io.save_checkpoint(self.output_dir, done, self.model, self.optimizer, self.scheduler, extra,
-                                    self.config.ckpt.keep)
+                                    self.config.ckpt.keep, self.identity)
 
     def _write_weights(self, step: int) -> None:
         """Collective: `weights/step_{step}`, keeping the newest `keep_weights`."""
-        write_weights(self.model, self.tokenizer, self.output_dir, step, self.dist.is_main, self.config.keep_weights)
+        write_weights(self.model, self.tokenizer, self.output_dir, step, self.dist.is_main, self.config.keep_weights,
+                      self.lora)
 
     def publish_resumed_weights(self) -> None:
         """After a resume from step N, make sure `weights/step_N` exists: the orchestrator needs

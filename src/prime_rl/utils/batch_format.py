@@ -5,6 +5,8 @@
     {
       "step": N,                       # the optimizer step this batch is for
       "temperature": float,            # sampling temperature (trainer divides logits by it)
+      "top_k": int, "top_p": float, "min_p": float,   # the sampler's truncation (-1, 1.0, 0.0: none; absent
+                                       # in files of older versions, read as none): `utils.sampling_rule`
       "max_tokens": int,               # completion budget per sample (LossScale's L)
       "micro_batches": [MicroBatch-as-dict, ...],
     }
@@ -40,6 +42,7 @@ import torch
 
 from prime_rl.run_dir import rollout_dir, rollout_file
 from prime_rl.utils.fs import atomic_dir
+from prime_rl.utils.sampling_rule import SamplingRule
 
 OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs")
 
@@ -147,6 +150,14 @@ class RankBatch:
     temperature: float
     max_tokens: int
     micro_batches: list[MicroBatch]
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @property
+    def rule(self) -> SamplingRule:
+        """The distribution the batch's tokens were sampled from."""
+        return SamplingRule(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
 def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
@@ -163,6 +174,9 @@ def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
                 "step": batch.step,
                 "temperature": batch.temperature,
                 "max_tokens": batch.max_tokens,
+                "top_k": batch.top_k,
+                "top_p": batch.top_p,
+                "min_p": batch.min_p,
                 "micro_batches": [mb.to_dict() for mb in batch.micro_batches],
             }
             buffer = io.BytesIO()  # then one plain write: a full disk is an OSError naming the file
@@ -179,4 +193,7 @@ def read_rank(output_dir: Path, step: int, rank: int) -> RankBatch:
         temperature=payload["temperature"],
         max_tokens=payload["max_tokens"],
         micro_batches=[MicroBatch.from_dict(d) for d in payload["micro_batches"]],
+        top_k=payload.get("top_k", -1),
+        top_p=payload.get("top_p", 1.0),
+        min_p=payload.get("min_p", 0.0),
     )

@@ -5,7 +5,8 @@ its first tokens were sampled under: the engine's step when it prefilled the pro
 every choice has `token_ids`, `token_weight_steps` (the step each token was sampled
 under, one per token id), `finish_reason` and logprobs (chat: `logprobs.content[]`,
 completions: `logprobs.token_logprobs`); a token's text is decoded once per server
-(`token_entry`). Every error, the framework's own 404/405/500 included, is a JSON
+(`token_entry`). A completions request with `prompt_logprobs: 0` (the teacher's scoring call)
+also gets vLLM's per-choice `prompt_logprobs`, computed from the same prefill (engine.py). Every error, the framework's own 404/405/500 included, is a JSON
 `{"error": {...}}`. Requests pass `guard.RequestGuard` first (API key, admin checks, body
 cap). Parsing, validation, chat templating and tokenization run in worker threads, so a
 large body never stalls the event loop (and `/health`).
@@ -133,7 +134,8 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
         max_tokens = body.max_tokens if body.max_tokens is not None else engine.context_len - len(prompt_ids)
         if max_tokens < 1:
             raise HTTPError(400, f"the prompt ({len(prompt_ids)} tokens) fills the context length {engine.context_len}")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.top_k, stops, body.seed)
+        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.top_k, body.min_p, stops, body.seed,
+                                prompt_logprobs=body.prompt_logprobs is not None)
         try:
             async with gate.request():
                 completions = await asyncio.wrap_future(engine.submit(prompt_ids, params, body.n))
@@ -238,6 +240,11 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
                 "finish_reason": c.finish_reason,
                 "logprobs": {"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets},
             })
+            if c.prompt_logprobs is not None:  # vLLM's shape: None for the first token, then {id: entry}
+                choices[-1]["prompt_logprobs"] = [None] + [
+                    {str(t): {"logprob": lp, "rank": rank, "decoded_token": token_entry(t)[0]}}
+                    for t, (lp, rank) in zip(prompt_ids[1:], c.prompt_logprobs, strict=True)
+                ]
         return JSONResponse(envelope("text_completion", prompt_ids, step, choices, completions))
 
     @app.post("/update_weights")

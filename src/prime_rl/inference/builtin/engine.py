@@ -6,7 +6,9 @@ One background thread owns the model. Every loop iteration it
    prefilled together (left-padded), each request's prompt once however many choices
    (`n`) it has; that row's cache is copied to each of its sequences, and each sequence
    samples its first token from the row's logits with its own generator (choice i of a
-   request seeded s samples what a lone request seeded s + i does);
+   request seeded s samples what a lone request seeded s + i does); a request with
+   `prompt_logprobs` also gets every prompt token's logprob from the same prefill's logits
+   (`_score_prompt`: the teacher's scoring call, docs/inference.md);
 2. merges the new sequences' KV cache into the running batch (left-padding the shorter
    cache, so every row ends at the same cache position);
 3. runs one decode step for every running sequence and drops the finished ones.
@@ -21,7 +23,8 @@ gives a non-finite logprob) fails alone; its rows leave the batch and the others
 Only a failing model forward fails the whole batch.
 
 Weight updates are read and checked off the engine thread (`stage_weights`, see
-`weight_check`), then copied into the running model in place (`apply_weights`) between
+`weight_check`; a LoRA adapter directory: `adapter_check`, merged into a copy of the base
+weights by `merge.py`), then copied into the running model in place (`apply_weights`) between
 two loop iterations, never during a forward; the model object and its architecture never
 change. `weight_step` is the step of the weights in the model, and every sampled token
 records it (`Completion.weight_steps`): sequences running across an update go on under
@@ -41,11 +44,14 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from prime_rl.inference.adapter_check import is_adapter_dir, verify_adapter_dir
+from prime_rl.inference.builtin.merge import BaseWeights, Staged
 from prime_rl.inference.protocol import context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
+from prime_rl.utils.lora import lora_delta
 
 log = get_logger("inference")
 
@@ -56,20 +62,24 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    prompt_logprobs: bool = False  # also score the prompt (`_score_prompt`)
 
 
 @dataclass
 class Completion:
     """One finished choice: completion token ids, their logprobs, the text, why it stopped, and the weight
-    step each token was sampled under."""
+    step each token was sampled under; with `SamplingParams.prompt_logprobs`, (logprob, rank) of every
+    prompt token after the first."""
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     weight_steps: list[int]  # one per token, never decreasing
+    prompt_logprobs: list[tuple[float, int]] | None = None
 
 
 @dataclass
@@ -79,6 +89,7 @@ class _Request:
     n: int
     future: Future
     results: list[Completion | None] = field(default_factory=list)
+    prompt_logprobs: list[tuple[float, int]] | None = None
 
     def __post_init__(self):
         self.results = [None] * self.n
@@ -125,6 +136,7 @@ class Engine:
         self.dtype = getattr(torch, dtype)
         self.model = load_model(model_path, self.dtype, self.device, trust_remote_code)
         self.reference = Reference.from_model(self.model)  # what every weight update must match
+        self._base = BaseWeights()  # W0 of the weights a LoRA adapter update changed
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         except Exception as exc:
@@ -176,24 +188,38 @@ class Engine:
         self._queue.put(_Request(list(prompt_ids), params, n, future))
         return future
 
-    def stage_weights(self, path: str) -> dict[str, torch.Tensor]:
-        """Read and check the weights in `path` (see `weight_check`); return them cast to the served
-        dtype and device, ready for `apply_weights`. Only `config.json` (compared, never applied) and
-        the safetensors are read: no code from the directory runs and the architecture stays."""
-        tensors = verify_weight_dir(path, self.reference, keep=True)
+    def stage_weights(self, path: str) -> Staged:
+        """Read and check the weights in `path` (see `weight_check`; a LoRA adapter: `adapter_check`);
+        return them cast to the served dtype and device (an adapter: its float32 deltas scale * B @ A),
+        ready for `apply_weights`. Only `config.json` (compared, never applied) or `adapter_config.json`
+        and the safetensors are read: no code from the directory runs and the architecture stays."""
         params = self.model.state_dict()
-        return {name: t.to(device=self.device, dtype=params[name].dtype) for name, t in tensors.items()}
+        if is_adapter_dir(path):
+            adapter = verify_adapter_dir(path, self.reference, keep=True)
+            staged = Staged({f"{module}.weight": lora_delta(a.to(self.device), b.to(self.device), adapter.scale)
+                             for module, (a, b) in adapter.modules.items()}, adapter=True)
+        else:
+            tensors = verify_weight_dir(path, self.reference, keep=True)
+            staged = Staged({name: t.to(device=self.device, dtype=params[name].dtype) for name, t in tensors.items()})
+        # Finite inputs can still overflow: W0 + scale * B @ A, or a cast to float16 (> 65504). A weight that
+        # turned inf would fail every later request, so such an update is refused before anything is applied.
+        with torch.no_grad():
+            for name, value in self._base.served(params, staged).items():
+                if not bool(torch.isfinite(value).all()):
+                    raise UserError(f"weight update {path}: {name} would not be finite in the served dtype "
+                                    f"{params[name].dtype} (it overflows)")
+        return staged
 
-    def apply_weights(self, staged: dict[str, torch.Tensor], step: int) -> None:
-        """Copy staged tensors into the running model in place, as weight step `step`.
+    def apply_weights(self, staged: Staged, step: int) -> None:
+        """Write staged weights into the running model in place, as weight step `step` (an adapter: merged
+        into the base weights, `merge.BaseWeights`).
 
         Waits for the loop's current iteration and goes before its next one, so never during a forward:
         running sequences go on with the new weights (their cache from the old ones is kept) and their
         later tokens record `step`."""
         params = self.model.state_dict()
         with self._turn, self._lock, torch.no_grad():
-            for name, tensor in staged.items():
-                params[name].copy_(tensor)
+            self._base.apply(params, staged)
             self.weight_step = step
 
     def reset(self) -> None:
@@ -272,7 +298,13 @@ class Engine:
             ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
         cache = DynamicCache()
-        logits = self._forward(ids, mask, cache)
+        scoring = any(request.params.prompt_logprobs for request, _ in started)
+        logits = self._forward(ids, mask, cache, all_positions=scoring)
+        if scoring:
+            for row, (request, seqs) in enumerate(started):
+                if request.params.prompt_logprobs:
+                    self._score_prompt(request, seqs, logits[row, width - len(request.prompt_ids):])
+            logits = logits[:, -1]
         rows = torch.repeat_interleave(torch.tensor([len(seqs) for _, seqs in started]))  # request r's row, n times
         _take(cache, rows)
         seqs = [seq for _, request_seqs in started for seq in request_seqs]
@@ -287,9 +319,24 @@ class Engine:
         self._next = self._sample(self._seqs, logits)
         self._retire()
 
+    def _score_prompt(self, request: _Request, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """(logprob, rank) of prompt token i >= 1 from the prefill's logits [L, V] of its row, under the
+        request's temperature without truncation: log_softmax(z_{i-1} / T)[prompt_i] (T = 0: untempered).
+        A non-finite logprob fails the request alone."""
+        target = torch.tensor(request.prompt_ids[1:], dtype=torch.long)[:, None]
+        logprobs = processed_logprobs(logits[:-1], request.params.temperature)
+        chosen = logprobs.gather(1, target)
+        if not torch.isfinite(chosen).all():
+            self._fail_rows(seqs, FloatingPointError("the model gave a prompt token a non-finite logprob"))
+            return
+        ranks = (logprobs > chosen).sum(dim=1) + 1
+        request.prompt_logprobs = list(zip(chosen[:, 0].tolist(), ranks.tolist(), strict=True))
+
     @torch.inference_mode()
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        """Logits [B, V] of the last position; `mask` covers cache + input."""
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache,
+                 all_positions: bool = False) -> torch.Tensor:
+        """Logits [B, V] of the last position ([B, S, V] of every input position with `all_positions`); `mask`
+        covers cache + input."""
         # Real tokens count from 0 in every row; padding gets position 0 (it is masked anyway).
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
         out = self.model(
@@ -299,20 +346,20 @@ class Engine:
             past_key_values=cache,
             use_cache=True,
         )
-        return out.logits[:, -1].float().cpu()
+        return (out.logits if all_positions else out.logits[:, -1]).float().cpu()
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
         """Sample the next token of every row; rows with the same sampling parameters in one batched call."""
         groups: dict[tuple, list[int]] = {}
         for row, seq in enumerate(seqs):
             p = seq.request.params
-            groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(row)
+            groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(row)
         tokens = torch.empty(len(seqs), dtype=torch.long)
         chosen = torch.empty(len(seqs), dtype=torch.float32)
-        for (temperature, top_k, top_p), rows in groups.items():
+        for (temperature, top_k, top_p, min_p), rows in groups.items():
             index = torch.tensor(rows)
             try:
-                logprobs = processed_logprobs(logits[index], temperature, top_k, top_p)
+                logprobs = processed_logprobs(logits[index], temperature, top_k, top_p, min_p)
                 group_tokens = sample_rows(logprobs, temperature, [seqs[row].generator for row in rows])
                 group_logprobs = logprobs.gather(1, group_tokens[:, None])[:, 0]
                 if not torch.isfinite(group_logprobs).all():
@@ -384,7 +431,8 @@ class Engine:
 
     def _complete(self, seq: _Seq, reason: str, text: str) -> None:
         request = seq.request
-        request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason, seq.weight_steps)
+        request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason, seq.weight_steps,
+                                                request.prompt_logprobs)
         if all(r is not None for r in request.results) and not request.future.done():
             request.future.set_result(list(request.results))
 

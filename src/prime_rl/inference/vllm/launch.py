@@ -17,7 +17,7 @@ import sys
 
 from prime_rl.inference.config import KEEP_ALIVE_S, InferenceConfig
 from prime_rl.inference.policy import Policy
-from prime_rl.inference.vllm.middleware import CONTEXT_ENV, TIMEOUT_ENV
+from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV, TIMEOUT_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
 
@@ -31,6 +31,14 @@ def vllm_available() -> bool:
 def context_len(config: InferenceConfig) -> int:
     """vLLM's --max-model-len: its own option when set, else the run's seq_len."""
     return config.vllm.max_model_len or config.seq_len
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that serves adapters of `rank` (<= 512, the config's bound)."""
+    return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
 
 
 def vllm_args(config: InferenceConfig) -> list[str]:
@@ -57,6 +65,8 @@ def vllm_args(config: InferenceConfig) -> list[str]:
         args.append("--enforce-eager")
     if config.model.trust_remote_code:
         args.append("--trust-remote-code")
+    if v.max_lora_rank is not None:  # adapters are loaded per weight step (middleware.py, untested on hardware)
+        args += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(v.max_lora_rank))]
     if v.tool_call_parser is not None:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
     return args + list(v.extra_args)
@@ -70,6 +80,9 @@ def exec_vllm(config: InferenceConfig) -> None:
         raise UserError("backend 'vllm' needs an explicit port (port = 0 is only supported by the builtin backend)")
     os.environ[TIMEOUT_ENV] = str(config.update_timeout_s)
     os.environ[CONTEXT_ENV] = str(context_len(config))
+    os.environ[SERVED_NAME_ENV] = config.model.name
+    if config.vllm.max_lora_rank is not None:
+        os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, which the middleware calls
     os.environ.update(Policy.from_config(config).to_env())
     os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))  # see KEEP_ALIVE_S
     argv = [sys.executable, *vllm_args(config)]

@@ -7,6 +7,8 @@
   shapes and dtypes against the directory vLLM started from, finite values); only then
   it waits for in-flight requests (new ones are held), loads the directory on every
   worker through `collective_rpc`, resets the prefix cache, answers `{"weight_step": N}`.
+  A LoRA adapter directory is checked by `adapter_check` and loaded through vLLM's dynamic
+  LoRA loading instead, then served under the model's name (`adapters.py`; untested on hardware).
 - `POST /reset`: resets vLLM's prefix cache.
 - Generate requests are parsed strictly first (`protocol.parse_json`: no NaN/Infinity,
   lone surrogates or deep nesting reach vLLM; 400 instead).
@@ -15,6 +17,11 @@
   with `token_ids` its `token_weight_steps` (all that step: updates here always drain;
   `"in_flight": true` is a 400), and completions a top-level `prompt_token_ids` (vLLM puts
   it on each choice).
+- `prompt_logprobs` (the teacher's scoring call) passes to vLLM, whose answer has the builtin
+  backend's shape; vLLM computes prompt logprobs from the raw logits (its
+  `--logprobs-mode processed_logprobs` covers sampled tokens only), so a request that asks for
+  them at a temperature other than 0 or 1 is a 400 (`prompt_logprobs_problem`) rather than
+  an answer under the wrong distribution.
 - prompt + max_tokens beyond the context is a 400, as with the builtin backend (vLLM
   itself clamps max_tokens to the room left). A max_tokens that alone fills the context
   is refused before generating; otherwise the prompt's length is known only from the
@@ -35,10 +42,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from prime_rl.inference.adapter_check import is_adapter_dir, verify_adapter_dir
 from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
 from prime_rl.inference.policy import Policy
 from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow, parse_json
+from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
 from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError
@@ -48,6 +57,7 @@ GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 LOAD_METHOD = "load_weights_from_dir"  # WeightDirWorkerExtension's method
 TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from update_timeout_s
 CONTEXT_ENV = "PRIME_INFERENCE_CONTEXT_LEN"  # set by the launcher to vLLM's --max-model-len
+SERVED_NAME_ENV = "PRIME_INFERENCE_SERVED_NAME"  # set by the launcher to --served-model-name (the adapter alias)
 
 log = get_logger("inference")
 
@@ -66,6 +76,19 @@ def completion_limit(body: Any) -> tuple[int | None, bool]:
     single = "messages" in body or isinstance(prompt, str) or (
         isinstance(prompt, list) and all(isinstance(token, int) for token in prompt))
     return limit, single
+
+
+def prompt_logprobs_problem(body: Any) -> str | None:
+    """Why vLLM cannot answer this generate request's `prompt_logprobs` as prime-rl defines them (the
+    logprobs at the request's temperature, docs/inference.md), or None. vLLM's prompt logprobs are
+    log_softmax of the raw logits: that is the definition at temperature 1, and at 0 (untempered)."""
+    if not isinstance(body, dict) or body.get("prompt_logprobs") is None:
+        return None
+    temperature = body.get("temperature", 1.0)
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature not in (0, 1):
+        return (f"prompt_logprobs at temperature {temperature} are not available from vLLM, which computes them "
+                "from the raw logits (temperature 1): use temperature 1 or the builtin backend")
+    return None
 
 
 def reference_of(model: str | None) -> Reference | None:
@@ -95,6 +118,8 @@ class PrimeRLMiddleware:
         self.gate = WeightGate(step=0, timeout_s=float(os.environ.get(TIMEOUT_ENV, "600")))
         self.context_len = int(os.environ[CONTEXT_ENV]) if CONTEXT_ENV in os.environ else None
         self.guarded = RequestGuard(self._route, self.policy)
+        self.served_name = os.environ.get(SERVED_NAME_ENV)
+        self.adapter: str | None = None  # the loaded LoRA adapter that requests for served_name get (adapters.py)
         self._reference: list[Reference | None] = []  # resolved on the first update
 
     async def __call__(self, scope, receive, send):
@@ -123,6 +148,9 @@ class PrimeRLMiddleware:
             raw, body = await self._body(receive)
         except ValueError as exc:
             return await send_error(send, 400, str(exc))
+        unanswerable = prompt_logprobs_problem(body)
+        if unanswerable:
+            return await send_error(send, 400, unanswerable)
         max_tokens, single_prompt = completion_limit(body) if self.context_len is not None else (None, False)
         if max_tokens is not None and max_tokens >= self.context_len:
             message = f"max_tokens ({max_tokens}) leaves no room for a prompt in the context length {self.context_len}"
@@ -130,6 +158,9 @@ class PrimeRLMiddleware:
         try:
             async with self.gate.request() as step:
                 finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None)
+                routed = aliased(body, self.served_name, self.adapter)
+                if routed is not body:  # a LoRA adapter serves: ask vLLM for it, answer under the model's name
+                    raw, finish = json.dumps(routed).encode(), partial(_renamed, finish, body.get("model"))
                 await self.app(scope, replay(raw, receive), _FinishAnswer(send, finish))
         except GateTimeout as exc:
             await send_error(send, 503, str(exc))
@@ -149,10 +180,31 @@ class PrimeRLMiddleware:
         return None
 
     async def _checked(self, path: Path) -> None:
-        """Run `weight_check` on an update directory (in a thread: it reads every tensor once)."""
+        """Run `weight_check` (an adapter: `adapter_check`) on an update directory (in a thread: it reads
+        every tensor once)."""
         if not self._reference:
             self._reference.append(await asyncio.to_thread(reference_of, self.policy.model_dir))
-        await asyncio.to_thread(verify_weight_dir, path, self._reference[0], False)
+        verify = verify_adapter_dir if is_adapter_dir(path) else verify_weight_dir
+        await asyncio.to_thread(verify, path, self._reference[0], False)
+
+    async def _load(self, scope, path: Path, step: int) -> None:
+        """Load an update into vLLM (inside the gate): full weights on every worker, or a LoRA adapter
+        through vLLM's dynamic LoRA route; either way the previous adapter is unloaded."""
+        engine = scope["app"].state.engine_client
+        previous, name = self.adapter, None
+        if is_adapter_dir(path):
+            name = adapter_name(step)
+            status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": name, "lora_path": str(path)})
+            if status != 200:
+                raise RuntimeError(f"vLLM refused the adapter ({status}): {answer.decode(errors='replace')[:300]}")
+        else:
+            await engine.collective_rpc(LOAD_METHOD, args=(str(path),))
+        self.adapter = name
+        if previous is not None and previous != name:
+            status, answer = await call_app(self.app, scope, UNLOAD_PATH, {"lora_name": previous})
+            if status != 200:
+                log.warning(f"could not unload LoRA adapter {previous} ({status}): {answer[:300]!r}")
+        await engine.reset_prefix_cache()
 
     async def _update(self, scope, receive, send):
         try:
@@ -168,11 +220,9 @@ class PrimeRLMiddleware:
             return await send_error(send, 403, str(exc))
         except (UserError, ValueError) as exc:
             return await send_error(send, 400, str(exc))
-        engine = scope["app"].state.engine_client
         try:
             async with self.gate.update(step):
-                await engine.collective_rpc(LOAD_METHOD, args=(str(path),))
-                await engine.reset_prefix_cache()
+                await self._load(scope, path, step)
         except GateTimeout as exc:
             return await send_error(send, 503, str(exc))
         except Exception as exc:  # a load that fails (shape mismatch, ...) leaves the old step in place
@@ -193,6 +243,13 @@ def lift_prompt_token_ids(payload: dict) -> None:
         lifted = payload["choices"][0].get("prompt_token_ids")
         if lifted is not None:
             payload["prompt_token_ids"] = lifted
+
+
+def _renamed(finish, model: str | None, payload: dict) -> int | None:
+    """`finish`, with the answer's `model` back to what the client asked for (not the adapter's name)."""
+    if model is not None:
+        payload["model"] = model
+    return finish(payload)
 
 
 class _FinishAnswer:

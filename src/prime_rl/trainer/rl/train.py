@@ -3,8 +3,8 @@
     trainer @ trainer.toml [--key value ...]                                   # one process
     torchrun --nproc-per-node K -m prime_rl.trainer.rl.train @ trainer.toml    # K ranks
 
-Step N (0-based) reads `rollouts/step_N/rank_R.pt`, computes trainer logprobs at the
-batch's sampling temperature, the configured loss over all micro-batches with a global
+Step N (0-based) reads `rollouts/step_N/rank_R.pt`, computes trainer logprobs under the
+batch's sampling rule (temperature and truncation), the configured loss over all micro-batches with a global
 `LossScale`, takes `update_epochs` optimizer steps on it (the loss metrics logged are
 the last pass's, so with several passes they show the policy's drift from the sampler),
 and writes `weights/step_{N+1}/`.
@@ -32,6 +32,7 @@ from prime_rl.trainer.rl.loss import (
 )
 from prime_rl.trainer.session import TrainSession
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
+from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def step_scale(batch: RankBatch, device: torch.device) -> LossScale:
@@ -61,20 +62,23 @@ def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
 
 
 def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale: LossScale,
-                   ref_model: torch.nn.Module | None = None) -> tuple[float, dict[str, float]]:
+                   ref_model: torch.nn.Module | None = None,
+                   match_truncation: bool = True) -> tuple[float, dict[str, float]]:
     """Forward/backward every micro-batch of this rank; returns the global step loss and loss metrics.
 
     A loss that needs a statistic of the whole step (`loss_fn.needs_log_ratio_moments`: is_reshape's
     variance of log r) first gets it from a no-grad forward of every micro-batch, all-reduced over
     ranks, so its update does not depend on how the step is split into micro-batches or ranks.
     Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
+    Tokens are scored under the batch's sampling rule (temperature, and its truncation when
+    `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
     """
+    rule = batch.rule if match_truncation else SamplingRule(batch.temperature)
     if loss_fn.needs_log_ratio_moments:
         moments = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
             for mb in batch.micro_batches:
-                lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens,
-                                         batch.temperature)
+                lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
                 moments += log_ratio_moments(loss_inputs(mb, lp, None, None))
         scale = scale.with_log_ratio_moments(all_reduce_sum(moments.tolist(), session.dist.device))
     loss_sum = 0.0
@@ -83,8 +87,8 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
         ref = None
         if ref_model is not None and mb.ref_logprobs is None:
             with torch.no_grad():
-                ref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, batch.temperature)[0]
-        lp, ent = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, batch.temperature)
+                ref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)[0]
+        lp, ent = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
         out = loss_fn(loss_inputs(mb, lp, ent, ref), scale)
         session.backward(out.loss)
         loss_sum += float(out.loss.detach())
@@ -100,7 +104,8 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
 
 
 def train(config: TrainerConfig) -> None:
-    session = TrainSession(config, "trainer")
+    # Dropout off: the loss's logprobs must be those of the policy the server sampled from (docs/trainer.md#lora).
+    session = TrainSession(config, "trainer", dropout=False)
     loss_fn = build_loss(config.loss)
     ref_model = None
     if config.loss.kl_coef > 0:
@@ -117,7 +122,8 @@ def train(config: TrainerConfig) -> None:
             scale = step_scale(batch, session.dist.device)
             lr = session.lr
             for _ in range(config.update_epochs):
-                total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model)
+                total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
+                                                     config.match_truncation)
                 grad_norm = session.optimizer_step(step, total_loss)
             session.scheduler.step()
             step_time = time.perf_counter() - start

@@ -50,7 +50,7 @@ def due(step: int, interval: int | None, last: int) -> bool:
 
 
 def train(config: SFTConfig) -> None:
-    session = TrainSession(config, "sft", init=config.init)
+    session = TrainSession(config, "sft", init=config.init, dropout=True)
     tokenizer, info = session.tokenizer, session.dist
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stream = skip(conversation_stream(config.data, config.seed), session.start_step * config.batch_size)

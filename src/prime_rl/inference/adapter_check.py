@@ -1,0 +1,144 @@
+"""Does a LoRA adapter directory fit the served model? Checked before an update changes anything.
+
+An adapter directory (`prime_rl.utils.lora`: `adapter_config.json` + `adapter_model.safetensors`,
+as peft saves it) is refused (UserError, HTTP 400) unless
+
+- `adapter_config.json` is a JSON object of a plain LoRA: `peft_type` "LORA", an integer `r` >= 1,
+  a finite `lora_alpha`, `bias` "none", and none of the options this server does not apply
+  (`UNSUPPORTED`: DoRA, per-layer rank/alpha patterns, modules_to_save, ...);
+- every tensor of `adapter_model.safetensors` is `base_model.model.<module>.lora_{A,B}.weight`
+  for a `<module>` whose `<module>.weight` is a 2-d, untied weight [out, in] of the served model,
+  each module has both, A is [r, in] and B is [out, r], in a float dtype a trainer writes;
+- every value is finite (each tensor is read once);
+- both files are regular files (`weights.regular_file`; the directory and its files were already
+  checked against the allowed roots by `weights.check_weight_dir`).
+
+The adapter then changes each module's weight to W0 + scale * B @ A (`utils.lora`), with
+scale = lora_alpha / r (lora_alpha / sqrt(r) with `use_rslora`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prime_rl.inference.weight_check import TRAINER_FLOATS, Reference, TensorSpec, check_finite, read_file_specs
+from prime_rl.inference.weights import regular_file
+from prime_rl.utils.errors import UserError
+from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, lora_scale, split_key
+
+UNSUPPORTED = ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern", "layer_replication", "lora_bias",
+               "trainable_token_indices", "target_parameters", "fan_in_fan_out", "alora_invocation_tokens",
+               "use_qalora")
+
+
+@dataclass
+class Adapter:
+    """A checked adapter: its rank, scale, and (A, B) per module (empty unless read with `keep`)."""
+
+    rank: int
+    scale: float
+    modules: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """An update directory is an adapter when it has adapter_config.json (whatever else it holds)."""
+    return (Path(path) / ADAPTER_CONFIG).exists() or (Path(path) / ADAPTER_CONFIG).is_symlink()
+
+
+def read_adapter_config(path: str | Path) -> tuple[int, float]:
+    """(r, scale) of a plain LoRA `adapter_config.json`; UserError naming the first problem."""
+    file = Path(path) / ADAPTER_CONFIG
+    try:
+        config = json.loads(regular_file(file).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {file}: {exc}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{file} is not a JSON object")
+    if config.get("peft_type") != "LORA":
+        raise UserError(f"{file}: peft_type {config.get('peft_type')!r} is not a LoRA adapter (peft_type 'LORA')")
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise UserError(f"{file}: r must be an integer >= 1 (got {rank!r})")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise UserError(f"{file}: lora_alpha must be a finite number (got {alpha!r})")
+    if config.get("bias", "none") != "none":
+        raise UserError(f"{file}: bias = {config['bias']!r} is not supported (only 'none')")
+    for key in UNSUPPORTED:
+        if config.get(key):
+            raise UserError(f"{file}: {key} = {config[key]!r} is not supported by weight updates (plain LoRA only)")
+    rslora = config.get("use_rslora", False)
+    if not isinstance(rslora, bool):
+        raise UserError(f"{file}: use_rslora must be true or false")
+    return rank, lora_scale(rank, alpha, rslora)
+
+
+def check_adapter_specs(path: str | Path, found: dict[str, TensorSpec], rank: int,
+                        reference: Reference | None) -> None:
+    """Names, shapes and dtypes of an adapter's tensors (module docstring); against the served model when
+    there is a `reference`, else only among themselves (A [r, n], B [m, r])."""
+    tied = set().union(*reference.tied) if reference is not None and reference.tied else set()
+    parts: dict[str, dict[str, TensorSpec]] = {}
+    for key, spec in found.items():
+        split = split_key(key)
+        if split is None:
+            raise UserError(f"adapter in {path}: unexpected tensor {key} (expected base_model.model.<module>"
+                            ".lora_A.weight / .lora_B.weight)")
+        parts.setdefault(split[0], {})[split[1]] = spec
+    if not parts:
+        raise UserError(f"adapter in {path} holds no LoRA tensors")
+    for module, pair in sorted(parts.items()):
+        missing = {"A", "B"} - pair.keys()
+        if missing:
+            raise UserError(f"adapter in {path}: {module} has no lora_{missing.pop()}.weight")
+        shape_a, shape_b = pair["A"].shape, pair["B"].shape
+        out_features, in_features = (shape_b[0] if len(shape_b) == 2 else -1), (shape_a[-1] if shape_a else -1)
+        if reference is not None:
+            weight = reference.specs.get(f"{module}.weight")
+            if weight is None or len(weight.shape) != 2 or f"{module}.weight" in tied:
+                raise UserError(f"adapter in {path} targets {module}, which is not an untied linear layer of the "
+                                "served model")
+            out_features, in_features = weight.shape
+        for part, want in (("A", (rank, in_features)), ("B", (out_features, rank))):
+            spec = pair[part]
+            if spec.shape != want:
+                raise UserError(f"adapter in {path}: {module}.lora_{part}.weight has shape {list(spec.shape)}, "
+                                f"expected {list(want)} (r = {rank}, the adapted weight [out, in] = "
+                                f"{[out_features, in_features]})")
+            if spec.dtype not in TRAINER_FLOATS:
+                raise UserError(f"adapter in {path}: {module}.lora_{part}.weight has dtype {spec.dtype} "
+                                f"(expected one of {', '.join(sorted(TRAINER_FLOATS))})")
+
+
+def verify_adapter_dir(path: str | Path, reference: Reference | None, keep: bool) -> Adapter:
+    """Run every check on an adapter directory; with `keep`, return its tensors too.
+
+    Without a reference (a vLLM model whose checkpoint cannot be read) the shapes are checked only among
+    themselves."""
+    from safetensors import safe_open
+
+    rank, scale = read_adapter_config(path)
+    file = regular_file(Path(path) / ADAPTER_WEIGHTS)
+    check_adapter_specs(path, read_file_specs(file), rank, reference)
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+                tensor = handle.get_tensor(key)
+                check_finite(path, key, tensor)
+                if keep:
+                    tensors[key] = tensor
+    except UserError:
+        raise
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise UserError(f"cannot read the adapter in {path}: {exc}") from None
+    modules: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for key in tensors:
+        module, part = split_key(key) or ("", "")
+        if part == "A":
+            modules[module] = (tensors[key], tensors[key.replace(".lora_A.", ".lora_B.")])
+    return Adapter(rank, scale, modules)

@@ -1,0 +1,112 @@
+"""On-policy distillation (OPD): the teacher's logprobs of every trained sample, and the OPD advantage.
+
+The teacher is a second model behind an inference server (`[teacher]`, `TeacherConfig`). For
+every sample that trains, the orchestrator sends the sample's token ids (prompt + completion,
+exactly the ids the trainer gets) to the teacher's `/v1/completions` with `prompt_logprobs: 0`
+at the batch temperature T (`InferenceClient.score`), and gets for every token after the first
+
+    lt_t = log softmax(z_teacher(x_<t) / T)[x_t]        (no top-k/top-p/min-p truncation)
+
+Of these the sample keeps its trained tokens, the ones the policy sampled: a multi-turn
+sample's environment tokens get no teacher term (0 in the batch, as off the loss mask).
+
+The OPD advantage (slime's on-policy distillation; the reverse-KL reward of Thinking Machines'
+on-policy distillation), per trained token t of a sample with task advantage A:
+
+    A_t = task_coef * A + opd_coef * (lt_t - lq_t - b)
+
+b = 0, or with `opd_center` the mean of lt - lq over the step's trained tokens (a constant baseline,
+as Tinker's distillation subtracts: it does not change the expected gradient, since
+E[grad log pi] = 0, but removes the push-down every sampled token gets from a negative mean).
+lq_t is the sampler's logprob of x_t, so lq_t - lt_t is the one-sample (k1) estimate of the
+reverse KL, KL(pi_sampler || pi_teacher), at that state: the OPD term is `-opd_coef * reverse KL`,
+a dense per-token reward that pushes the student towards the teacher's modes on the states the
+student visits itself. lq, not the trainer's lp: a token's reward is fixed when it is sampled
+(slime uses the "old" student logprobs too), and every loss's importance ratio corrects for the
+policy having moved since; on-policy they are equal. Computed here, once per sample, so every loss
+variant trains on it unchanged (`loss.teacher_tau` is the trainer-side alternative, on the current lp).
+
+Edges: a sample that does not fit the teacher's context (with the one token a scoring request
+generates) cannot be scored; it trains no token (a warning, `rollout/teacher_skipped_frac`). A
+teacher that fails, cannot be reached, or answers malformed or non-finite logprobs ends the run
+(InferenceError, exit 1): training on a broken teacher's signal would be silent damage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prime_rl.orchestrator.batch import Sample
+from prime_rl.orchestrator.client import InferenceClient, InferenceError
+from prime_rl.orchestrator.config import ClientConfig, TeacherConfig
+from prime_rl.utils.logging import get_logger
+
+log = get_logger("orchestrator")
+
+
+def opd_advantages(advantage: float, inference_logprobs: list[float], teacher_logprobs: list[float],
+                   trained: list[bool], opd_coef: float, task_coef: float, baseline: float = 0.0) -> list[float]:
+    """Per completion token: task_coef * A + opd_coef * (lt - lq - baseline) where trained, else 0."""
+    return [task_coef * advantage + opd_coef * (lt - lq - baseline) if t else 0.0
+            for lq, lt, t in zip(inference_logprobs, teacher_logprobs, trained, strict=True)]
+
+
+class Teacher:
+    """The teacher server's client; `async with Teacher(config, client_config) as teacher`."""
+
+    def __init__(self, config: TeacherConfig, client: ClientConfig):
+        self.config = config
+        if config.base_url is None:
+            raise InferenceError("teacher.base_url is not set (rl sets it for the teacher server it starts)")
+        self.client = InferenceClient(client.model_copy(update={"base_url": config.base_url,
+                                                                "api_key": config.api_key}))
+
+    async def __aenter__(self) -> Teacher:
+        await self.client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.__aexit__(*exc)
+
+    async def wait_ready(self) -> str:
+        """The teacher's model id (and its context, when the server states one), once it answers."""
+        try:
+            return await self.client.wait_ready()
+        except InferenceError as exc:
+            raise InferenceError(f"teacher: {exc}") from None
+
+    async def apply(self, samples: list[Sample], temperature: float) -> dict[str, float]:
+        """Score every sample that trains (concurrently, at most the client's max_concurrency requests), set its
+        `teacher_logprobs` and OPD `token_advantages`; a sample the teacher's context cannot hold stops training.
+        Returns the step's teacher metrics."""
+        start = time.monotonic()
+        limit = self.client.context_len
+        training = [s for s in samples if any(s.trained())]
+        too_long = [s for s in training if limit is not None and len(s) + 1 > limit]
+        for s in too_long:
+            s.train = False
+        scored = [s for s in training if s.train]
+        try:
+            results = await asyncio.gather(*(self.client.score(s.prompt_ids + s.completion_ids, temperature)
+                                             for s in scored))
+        except InferenceError as exc:
+            raise InferenceError(f"teacher: {exc}") from None
+        teachers = [logprobs[len(s.prompt_ids) - 1:] for s, logprobs in zip(scored, results, strict=True)]
+        diffs = [lt - lq for s, teacher in zip(scored, teachers, strict=True)
+                 for lt, lq, t in zip(teacher, s.completion_logprobs, s.trained(), strict=True) if t]
+        mean = sum(diffs) / max(len(diffs), 1)
+        baseline = mean if self.config.opd_center else 0.0
+        for s, teacher in zip(scored, teachers, strict=True):  # teacher[j]: logprobs[i] scores token i + 1
+            trained = s.trained()
+            s.teacher_logprobs = [lt if t else 0.0 for lt, t in zip(teacher, trained, strict=True)]
+            s.token_advantages = opd_advantages(s.advantage, s.completion_logprobs, teacher, trained,
+                                                self.config.opd_coef, self.config.task_coef, baseline)
+        if too_long:
+            log.warning(f"{len(too_long)} sample(s) longer than the teacher's context of {limit} tokens (minus the one "
+                        "a scoring request generates) train no token")
+        return {
+            "perf/teacher_s": time.monotonic() - start,
+            "rollout/teacher_skipped_frac": len(too_long) / max(len(training), 1),
+            "advantage/opd_mean": self.config.opd_coef * mean,
+        }
