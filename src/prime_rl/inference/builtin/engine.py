@@ -52,6 +52,7 @@ from prime_rl.inference.weight_check import Reference, verify_weight_dir
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 from prime_rl.utils.lora import lora_delta
+from prime_rl.utils.sampling_rule import SamplingRule
 
 log = get_logger("inference")
 
@@ -66,6 +67,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     prompt_logprobs: bool = False  # also score the prompt (`_score_prompt`)
+
+    @property
+    def rule(self) -> SamplingRule:
+        """The distribution this request samples from (rows with the same rule sample in one call)."""
+        return SamplingRule(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
 @dataclass
@@ -350,17 +356,17 @@ class Engine:
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
         """Sample the next token of every row; rows with the same sampling parameters in one batched call."""
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[SamplingRule, list[int]] = {}
         for row, seq in enumerate(seqs):
             p = seq.request.params
-            groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(row)
+            groups.setdefault(p.rule, []).append(row)
         tokens = torch.empty(len(seqs), dtype=torch.long)
         chosen = torch.empty(len(seqs), dtype=torch.float32)
-        for (temperature, top_k, top_p, min_p), rows in groups.items():
+        for rule, rows in groups.items():
             index = torch.tensor(rows)
             try:
-                logprobs = processed_logprobs(logits[index], temperature, top_k, top_p, min_p)
-                group_tokens = sample_rows(logprobs, temperature, [seqs[row].generator for row in rows])
+                logprobs = processed_logprobs(logits[index], rule.temperature, rule.top_k, rule.top_p, rule.min_p)
+                group_tokens = sample_rows(logprobs, rule.temperature, [seqs[row].generator for row in rows])
                 group_logprobs = logprobs.gather(1, group_tokens[:, None])[:, 0]
                 if not torch.isfinite(group_logprobs).all():
                     raise FloatingPointError("the model produced non-finite logprobs")
