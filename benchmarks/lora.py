@@ -3,12 +3,14 @@
     uv run python benchmarks/lora.py                          # tiny and 50m presets, LoRA rank 8
     uv run python benchmarks/lora.py --preset 50m --rank 16 --steps 3
 
-For each preset of `benchmarks/trainer.py` and each mode (full, lora) a fresh process runs the real RL
+For each preset of `benchmarks/trainer.py` and each mode (full; lora; lora+norm: LoRA with
+`modules_to_save = ["norm"]`, every RMSNorm trained in full) a fresh process runs the real RL
 trainer for `--steps` steps on synthetic rollout batches (default threads, checkpoint at the end) and
 reports, per mode:
 
 - `train_state_MiB`: parameters + gradients + AdamW state in fp32, counted from the model:
-  4 * (all parameters) + 4 * (trainable) + 8 * (trainable) bytes (LoRA: trainable = the adapters);
+  4 * (all parameters) + 4 * (trainable) + 8 * (trainable) bytes (LoRA: trainable = the adapters and
+  the saved norms);
 - `peak_rss_MiB`: the process's peak resident memory (`ru_maxrss`: Python, torch and the batches too);
 - `update_bytes`: the size of `weights/step_N` (what every weight update moves to the inference server;
   LoRA: the adapter directory, full: the HF directory; tokenizer files included);
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer import PRESETS, make_model, random_step, write_random_step  # noqa: E402 (benchmarks/trainer.py)
 
 MIB = 2**20
+MODES = ("full", "lora", "lora+norm")
 
 
 def dir_bytes(path: Path) -> int:
@@ -58,7 +61,8 @@ def state_bytes(model_dir: Path, lora: LoRAConfig | None) -> int:
 def child(preset: str, mode: str, rank: int, steps: int) -> dict:
     """One trainer run in this (fresh) process."""
     p = PRESETS[preset]
-    lora = LoRAConfig(rank=rank, alpha=2.0 * rank) if mode == "lora" else None
+    saved = ["norm"] if mode == "lora+norm" else []
+    lora = LoRAConfig(rank=rank, alpha=2.0 * rank, modules_to_save=saved) if mode != "full" else None
     with tempfile.TemporaryDirectory(prefix=f"bench-lora-{preset}-") as tmp:
         tmp = Path(tmp)
         make_model(tmp / "model", p)
@@ -94,7 +98,7 @@ def main() -> None:
         print(json.dumps(child(*args.child, args.rank, args.steps)), flush=True)
         return
     for preset in args.preset or ["tiny", "50m"]:
-        for mode in ("full", "lora"):
+        for mode in MODES:
             result = subprocess.run([sys.executable, __file__, "--child", preset, mode, "--rank", str(args.rank),
                                      "--steps", str(args.steps)], capture_output=True, text=True, check=True)
             print(result.stdout.strip().splitlines()[-1], flush=True)

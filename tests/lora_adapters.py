@@ -19,7 +19,8 @@ from prime_rl.utils.char_tokenizer import build_char_tokenizer
 
 def lora_model(model_dir: Path, seed: int = 0, **lora):
     """(PeftModel, the injected HF model, LoRAWeights) on `model_dir`, fp32, eval mode, B ~ N(0, 0.1^2)
-    drawn from `seed` (at init B is 0 and the adapter would be the identity)."""
+    drawn from `seed` (at init B is 0 and the adapter would be the identity), and each weight of the
+    `modules_to_save` (trainable, not an adapter) plus N(0, 0.1^2)."""
     config = LoRAConfig(**lora)
     net = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     peft_model = apply_lora(net, config, seed)
@@ -28,6 +29,8 @@ def lora_model(model_dir: Path, seed: int = 0, **lora):
         for name, param in net.named_parameters():
             if ".lora_B." in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+            elif param.requires_grad and ".lora_A." not in name:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.1)
     return peft_model, net, LoRAWeights.of(peft_model, config)
 
 

@@ -1,5 +1,5 @@
 """LoRA end to end: `rl` with adapter updates stays exactly on-policy on the builtin server (also with
-dropout set, and with merged weights), and `sft` trains adapters."""
+dropout set and trained norms, and with merged weights), and `sft` trains adapters."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ LORA = "[trainer.lora]\nrank = 4\n[trainer.optim]\nlr = 1e-2\n"  # a large lr: t
 
 @pytest.mark.parametrize("table, kind", [
     # Dropout is set but the RL trainer runs with dropout off: its logprobs are the sampling policy's.
-    (LORA.replace("rank = 4\n", "rank = 4\ndropout = 0.2\n"), ADAPTER_CONFIG),
+    # The trained RMSNorm gains (modules_to_save) ship in the adapter and are served too.
+    (LORA.replace("rank = 4\n", 'rank = 4\ndropout = 0.2\nmodules_to_save = ["norm"]\n'), ADAPTER_CONFIG),
     (LORA.replace("rank = 4\n", "rank = 4\nmerge = true\n"), "model.safetensors"),
 ], ids=["adapter_with_dropout", "merged"])
 def test_lora_runs_stay_on_policy_after_several_updates(tmp_path, table, kind):

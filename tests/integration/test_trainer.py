@@ -80,10 +80,10 @@ def test_two_steps_write_weights_metrics_checkpoints_and_log(tiny_model_dir, tmp
     assert (out / "configs" / "trainer.toml").exists()
 
 
-@pytest.mark.parametrize("lora", [None, {"rank": 4, "dropout": 0.1}], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "dropout": 0.1, "modules_to_save": ["norm"]}], ids=["full", "lora"])
 def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path, lora):
     """3 steps straight == 2 steps, crash (batch 2 missing), resume from the checkpoint, 1 step; bit for bit,
-    also for LoRA (whose checkpoint holds only the adapters and their optimizer state)."""
+    also for LoRA (whose checkpoint holds only the adapters, the saved norms and their optimizer state)."""
     sched = {"scheduler": {"type": "linear", "warmup_steps": 1}, "max_steps": 3, "lora": lora}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     write_steps(straight, range(3))
@@ -99,12 +99,14 @@ def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_pa
     a, b = weights(straight, 3), weights(resumed, 3)
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=0, rtol=0, msg=key)
-    if lora is not None:  # the frozen base is not in the checkpoint: only adapters and their optimizer state
+    if lora is not None:  # the frozen base is not in the checkpoint: only what trains and its optimizer state
         from torch.distributed.checkpoint import FileSystemReader
 
         stored = FileSystemReader(str(ckpt_dir(resumed, 2))).read_metadata().state_dict_metadata
         model_keys = [key for key in stored if key.startswith("model.")]
-        assert model_keys and all(".lora_" in key for key in model_keys), model_keys
+        assert all(".lora_" in key or key.endswith("norm.weight") for key in model_keys), model_keys
+        assert any(".lora_" in key for key in model_keys) and "model.model.norm.weight" in model_keys, model_keys
+        assert "base_model.model.model.norm.weight" in a  # the trained norm ships with the adapter
     steps = [m["step"] for m in metrics_lines(resumed)]
     assert steps == [0, 1, 2]  # step numbers continue after the resume
     lr_straight = [m["optim/lr"] for m in metrics_lines(straight)]
@@ -190,10 +192,10 @@ def test_entrypoint_exit_codes(tiny_model_dir, tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("normalization, lora", [("token", None), ("sequence", None), ("constant", None),
-                                                  ("token", {"rank": 4})])
+                                                  ("token", {"rank": 4, "modules_to_save": ["norm"]})])
 def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normalization, lora):
     """The same 4 micro-batches on 1 rank or dealt over 2 gloo ranks give the same update (to 1e-5); also
-    with LoRA (frozen base and trainable adapters sharded by FSDP2 together)."""
+    with LoRA (frozen base, trainable adapters and trained norms sharded by FSDP2 together)."""
     loss = {"type": "default", "normalization": normalization}
     one, two = tmp_path / "one", tmp_path / "two"
     micro = {"micro_batches": 4, "completion_len": 9}

@@ -20,6 +20,7 @@ from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 IDS = [5, 17, 30, 2, 44, 61, 9]
 Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 Q_B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+NORM = "base_model.model.model.norm.weight"
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,24 @@ def test_an_adapter_serves_what_peft_computes_and_replaces_the_previous_one(engi
     _update(engine, tiny_model_dir, 0)  # full weights (the step-0 reload) are the base again
     torch.testing.assert_close(logits(engine.model, IDS), base, atol=0, rtol=0)
     _update(engine, first, 1)
+    _update(engine, tiny_model_dir, 0)
+    torch.testing.assert_close(logits(engine.model, IDS), base, atol=0, rtol=0)
+
+
+def test_saved_modules_are_served_and_restored_when_the_next_adapter_lacks_them(engine, tiny_model_dir, tmp_path):
+    base = logits(engine.model, IDS)
+    base_norm = engine.model.state_dict()["model.norm.weight"].clone()
+    with_norms = write_adapter(tiny_model_dir, tmp_path, step=1, seed=0, rank=4, modules_to_save=["norm"])
+    plain = write_adapter(tiny_model_dir, tmp_path, step=2, seed=3, rank=4)
+    _update(engine, with_norms, 1)
+    torch.testing.assert_close(logits(engine.model, IDS), logits(
+        lora_model(tiny_model_dir, 0, rank=4, modules_to_save=["norm"])[0], IDS), atol=1e-5, rtol=1e-5)
+    assert not torch.equal(engine.model.state_dict()["model.norm.weight"], base_norm)
+    _update(engine, plain, 2)  # adapters replace each other: the norms go back to the base's
+    assert torch.equal(engine.model.state_dict()["model.norm.weight"], base_norm)
+    torch.testing.assert_close(logits(engine.model, IDS), logits(lora_model(tiny_model_dir, 3, rank=4)[0], IDS),
+                               atol=1e-5, rtol=1e-5)
+    _update(engine, with_norms, 3)
     _update(engine, tiny_model_dir, 0)
     torch.testing.assert_close(logits(engine.model, IDS), base, atol=0, rtol=0)
 
@@ -98,6 +117,17 @@ BROKEN = {
     "merged_overflows": (lambda p: (_edit_config(lora_alpha=1e10)(p), _edit_tensors(  # finite A, B and alpha
         lambda t: t.__setitem__(Q_B, torch.full_like(t[Q_B], 1e30)))(p)), "would not be finite in the served dtype"),
     "no_tensors": (_edit_tensors(lambda t: t.clear()), "holds no LoRA tensors"),
+    "saved_not_a_list": (_edit_config(modules_to_save="norm"), "modules_to_save must be a list of module names"),
+    "saved_wrong_shape": (lambda p: (_edit_config(modules_to_save=["norm"])(p), _edit_tensors(lambda t: t.__setitem__(
+        NORM, torch.ones(65)))(p)), "saved model.norm.weight has shape [65], the served model's is [64]"),
+    "saved_unknown": (lambda p: (_edit_config(modules_to_save=["norm"])(p), _edit_tensors(lambda t: t.__setitem__(
+        NORM.replace("model.norm", "model.layers.9.input_layernorm"), torch.ones(64)))(p)), "not an untied weight"),
+    "saved_tied": (lambda p: (_edit_config(modules_to_save=["embed_tokens"])(p), _edit_tensors(lambda t: t.__setitem__(
+        "base_model.model.model.embed_tokens.weight", torch.ones(3, 64)))(p)), "not an untied weight"),
+    "saved_and_adapted": (lambda p: (_edit_config(modules_to_save=["q_proj"])(p), _edit_tensors(lambda t: t.__setitem__(
+        Q_A.replace(".lora_A", ""), torch.ones(192, 64)))(p)), "is both adapted (lora_A/lora_B) and saved in full"),
+    "saved_nan": (lambda p: (_edit_config(modules_to_save=["norm"])(p), _edit_tensors(lambda t: t.__setitem__(
+        NORM, torch.full((64,), float("nan"))))(p)), "holds NaN or infinite values"),
     "corrupt_file": (lambda p: (p / ADAPTER_WEIGHTS).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{"), "cannot read"),
 }
 

@@ -340,20 +340,24 @@ def test_rl_hands_the_trainers_lora_rank_to_vllm_unless_it_publishes_merged_weig
         RLConfig.build([], {"trainer": {"lora": {"rank": 8}}, "inference": {"vllm": {"max_lora_rank": 4}}})
 
 
-def lora_dir(tmp_path, step, a_shape=(2, 3)):
-    """A peft adapter of rank 2 for the 4x3 weight `layer.weight` of `lora_served_model`."""
+def lora_dir(tmp_path, step, a_shape=(2, 3), saved=False):
+    """A peft adapter of rank 2 for the 4x3 weight `layer.weight` of `lora_served_model` (with `saved`, it
+    also saves `norm.weight` in full, as `lora.modules_to_save = ["norm"]` does)."""
     from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
     path = tmp_path / f"step_{step}"
     path.mkdir()
-    (path / ADAPTER_CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4.0}))
-    save_file({"base_model.model.layer.lora_A.weight": torch.zeros(a_shape),
-               "base_model.model.layer.lora_B.weight": torch.zeros(4, 2)}, str(path / ADAPTER_WEIGHTS))
+    config = {"peft_type": "LORA", "r": 2, "lora_alpha": 4.0} | ({"modules_to_save": ["norm"]} if saved else {})
+    (path / ADAPTER_CONFIG).write_text(json.dumps(config))
+    tensors = {"base_model.model.layer.lora_A.weight": torch.zeros(a_shape),
+               "base_model.model.layer.lora_B.weight": torch.zeros(4, 2)}
+    save_file(tensors | ({"base_model.model.norm.weight": torch.ones(3)} if saved else {}),
+              str(path / ADAPTER_WEIGHTS))
     return path
 
 
 def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_model(tmp_path, monkeypatch):
-    model = weight_dir(tmp_path, 0, tensors={"layer.weight": torch.zeros(4, 3)})
+    model = weight_dir(tmp_path, 0, tensors={"layer.weight": torch.zeros(4, 3), "norm.weight": torch.ones(3)})
     for name, value in Policy(weight_roots=(tmp_path.resolve(),), model_dir=str(model)).to_env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PRIME_INFERENCE_SERVED_NAME", "tiny")
@@ -389,9 +393,10 @@ def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_mode
                                                                    if path == model else None})).status_code == 200
                 answers.append(await client.post("/v1/completions", json={"model": "tiny"}))
             bad = await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 4, a_shape=(2, 5)))})
-            return answers, bad
+            saved = await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 5, saved=True))})
+            return answers, bad, saved
 
-    answers, bad = asyncio.run(scenario())
+    answers, bad, saved = asyncio.run(scenario())
     assert asked == ["tiny", "prime-rl-step-1", "prime-rl-step-2", "tiny"]
     assert [a.json()["model"] for a in answers] == ["tiny"] * 4  # the client sees the name it asked for
     assert [a.json()["weight_step"] for a in answers] == [0, 1, 2, 3]
@@ -403,3 +408,16 @@ def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_mode
     ]
     assert ("load_weights_from_dir", (str(model),)) in engine.calls
     assert bad.status_code == 400 and "expected [2, 3]" in bad.json()["error"]["message"]
+    # vLLM's LoRA adapters carry no fully trained modules: refused before vLLM sees it (rl asks for merge = true).
+    assert saved.status_code == 400 and "trainer.lora.merge = true" in saved.json()["error"]["message"]
+    assert len(lora_calls) == 4
+
+
+def test_rl_refuses_saved_modules_in_adapters_for_vllm():
+    from prime_rl.launch.rl_config import RLConfig
+
+    lora = {"rank": 8, "modules_to_save": ["norm"]}
+    with pytest.raises(Exception, match="modules_to_save needs trainer.lora.merge = true on vLLM"):
+        RLConfig.build([], {"trainer": {"lora": lora}, "inference": {"backend": "vllm"}})
+    RLConfig.build([], {"trainer": {"lora": lora | {"merge": True}}, "inference": {"backend": "vllm"}})
+    RLConfig.build([], {"trainer": {"lora": lora}, "inference": {"backend": "builtin"}})

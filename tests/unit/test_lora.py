@@ -3,9 +3,12 @@ merged weights, checkpoint identity checks, and the scale alpha / r."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from peft import PeftModel
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from lora_adapters import logits, lora_model  # tests/ is on sys.path (rootdir conftest)
@@ -28,6 +31,7 @@ IDS = [5, 17, 30, 2, 44, 61, 9]
     ("--lora.dropout", "1.0", "lora.dropout"),
     ("--lora.target-modules", "[]", "lora.target_modules"),
     ("--lora.target-modules", '[""]', "lora.target_modules"),
+    ("--lora.modules-to-save", '[""]', "lora.modules_to_save"),
 ])
 def test_bad_lora_values_are_config_errors(flag, value, words, capsys):
     with pytest.raises(SystemExit) as caught:
@@ -53,6 +57,33 @@ def test_targets_that_match_no_decoder_linear_are_user_errors(tiny_model_dir, ta
     with pytest.raises(UserError, match=words) as caught:
         apply_lora(net, LoRAConfig(target_modules=targets), seed=0)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("saved, words", [
+    (["nothing_like_this"], "'nothing_like_this' matches no module"),
+    (["q_proj"], "matches model.layers.0.self_attn.q_proj, which is part of a LoRA layer"),
+    (["default"], "which is part of a LoRA layer"),  # peft's own lora_A.default: suffix match
+    (["mlp"], "matches model.layers.0.mlp, which is not a layer with weights of its own"),
+    (["embed_tokens"], "model.embed_tokens.weight is tied to lm_head.weight"),
+])
+def test_saved_modules_that_cannot_ship_with_the_adapter_are_user_errors(tiny_model_dir, saved, words):
+    net = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert net.config.tie_word_embeddings
+    with pytest.raises(UserError, match=words) as caught:
+        apply_lora(net, LoRAConfig(modules_to_save=saved), seed=0)
+    assert "\n" not in str(caught.value)
+
+
+def test_saved_modules_train_in_full_under_their_own_names(tiny_model_dir):
+    net = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    apply_lora(net, LoRAConfig(target_modules=["o_proj"], modules_to_save=["norm"]), seed=0)
+    trainable = {name for name, p in net.named_parameters() if p.requires_grad}
+    norms = {name for name in trainable if ".lora_" not in name}
+    layers = net.config.num_hidden_layers
+    # "norm" is every RMSNorm, as peft matches it: input/post-attention, q/k, and the final one.
+    assert len(norms) == 4 * layers + 1 and "model.norm.weight" in norms, sorted(norms)
+    assert all(name.endswith("norm.weight") for name in norms)
+    assert len(trainable - norms) == 2 * layers  # o_proj's A and B
 
 
 def test_injection_is_seeded_leaves_the_rng_alone_and_trains_only_the_adapters(tiny_model_dir):
@@ -91,9 +122,22 @@ def test_the_adapter_dir_loads_with_peft_and_computes_the_trainers_model(tiny_mo
     assert not torch.allclose(logits(loaded, IDS), base_logits, atol=1e-3)  # the adapter does change the model
 
 
+def test_saved_modules_ship_in_the_adapter_dir_and_load_with_peft(tiny_model_dir, tmp_path):
+    peft_model, net, weights = lora_model(tiny_model_dir, rank=4, alpha=8.0, modules_to_save=["norm"])
+    path = write_weights(net, build_char_tokenizer(), tmp_path, 1, is_main=True, lora=weights)
+    assert json.loads((path / ADAPTER_CONFIG).read_text())["modules_to_save"] == ["norm"]
+    assert "base_model.model.model.norm.weight" in load_file(path / ADAPTER_WEIGHTS)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(plain, path).eval()
+    torch.testing.assert_close(logits(loaded, IDS), logits(peft_model, IDS), atol=0, rtol=0)
+    # Without the saved norms the adapter alone computes something else.
+    without = lora_model(tiny_model_dir, rank=4, alpha=8.0)[0]
+    assert not torch.allclose(logits(without, IDS), logits(peft_model, IDS), atol=1e-3)
+
+
 def test_merge_publishes_full_weights_equal_to_w0_plus_scaled_b_a(tiny_model_dir, tmp_path):
     init_distributed()  # merged weights are gathered with get_model_state_dict, a collective
-    peft_model, net, weights = lora_model(tiny_model_dir, rank=4, alpha=8.0, merge=True)
+    peft_model, net, weights = lora_model(tiny_model_dir, rank=4, alpha=8.0, merge=True, modules_to_save=["norm"])
     path = write_weights(net, build_char_tokenizer(), tmp_path, 1, is_main=True, lora=weights)
     assert (path / "config.json").exists() and not (path / ADAPTER_CONFIG).exists()
     merged = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -102,7 +146,11 @@ def test_merge_publishes_full_weights_equal_to_w0_plus_scaled_b_a(tiny_model_dir
     expected = base["model.layers.1.mlp.down_proj.weight"] + 2.0 * layer.lora_B["default"].weight @ layer.lora_A[
         "default"].weight
     torch.testing.assert_close(merged.state_dict()["model.layers.1.mlp.down_proj.weight"], expected)
-    torch.testing.assert_close(merged.state_dict()["model.norm.weight"], base["model.norm.weight"], atol=0, rtol=0)
+    trained_norm = dict(net.named_parameters())["model.norm.weight"]  # a saved module: its trained value
+    torch.testing.assert_close(merged.state_dict()["model.norm.weight"], trained_norm, atol=0, rtol=0)
+    assert not torch.equal(trained_norm, base["model.norm.weight"])
+    embed = "model.embed_tokens.weight"  # neither adapted nor saved: the base's
+    torch.testing.assert_close(merged.state_dict()[embed], base[embed], atol=0, rtol=0)
     torch.testing.assert_close(logits(merged, IDS), logits(peft_model, IDS), atol=1e-5, rtol=1e-5)
 
 
@@ -133,6 +181,8 @@ LORA = checkpoint_identity(LoRAConfig(rank=8), [10.0, 20.0])
     (LORA, checkpoint_identity(LoRAConfig(rank=8, target_modules=["q_proj"]), [10.0, 20.0]), "lora.target_modules"),
     (LORA, checkpoint_identity(LoRAConfig(rank=8), [10.0, 20.5]), "other base weights"),
     (LORA, checkpoint_identity(LoRAConfig(rank=8, merge=True), [10.0, 20.0]), "lora.merge = False, this run has True"),
+    (LORA, checkpoint_identity(LoRAConfig(rank=8, modules_to_save=["norm"]), [10.0, 20.0]),
+     "lora.modules_to_save = \\[\\], this run has \\['norm'\\]"),
 ])
 def test_resume_into_another_model_is_one_line(saved, current, words):
     with pytest.raises(UserError, match=words) as caught:
@@ -144,3 +194,6 @@ def test_resume_into_the_same_model_passes():
     check_resume(FULL, FULL, "ckpt")
     check_resume({}, FULL, "ckpt")  # a checkpoint from before LoRA existed
     check_resume(LORA, checkpoint_identity(LoRAConfig(rank=8, dropout=0.2), [10.0, 20.0 + 1e-12]), "c")
+    before_saved_modules = {"lora": {k: v for k, v in LORA["lora"].items() if k != "modules_to_save"},
+                            "base": LORA["base"]}
+    check_resume(before_saved_modules, LORA, "c")  # a checkpoint from before modules_to_save existed

@@ -4,17 +4,19 @@ An adapter directory (`prime_rl.utils.lora`: `adapter_config.json` + `adapter_mo
 as peft saves it) is refused (UserError, HTTP 400) unless
 
 - `adapter_config.json` is a JSON object of a plain LoRA: `peft_type` "LORA", an integer `r` >= 1,
-  a finite `lora_alpha`, `bias` "none", and none of the options this server does not apply
-  (`UNSUPPORTED`: DoRA, per-layer rank/alpha patterns, modules_to_save, ...);
+  a finite `lora_alpha`, `bias` "none", `modules_to_save` absent or a list of names, and none of the
+  options this server does not apply (`UNSUPPORTED`: DoRA, per-layer rank/alpha patterns, ...);
 - every tensor of `adapter_model.safetensors` is `base_model.model.<module>.lora_{A,B}.weight`
   for a `<module>` whose `<module>.weight` is a 2-d, untied weight [out, in] of the served model,
-  each module has both, A is [r, in] and B is [out, r], in a float dtype a trainer writes;
+  each module has both, A is [r, in] and B is [out, r], in a float dtype a trainer writes; or
+  `base_model.model.<name>` for an untied weight `<name>` of the served model whose module
+  `modules_to_save` names (`utils.lora.is_saved_module`), of that weight's shape, in such a dtype;
 - every value is finite (each tensor is read once);
 - both files are regular files (`weights.regular_file`; the directory and its files were already
   checked against the allowed roots by `weights.check_weight_dir`).
 
 The adapter then changes each module's weight to W0 + scale * B @ A (`utils.lora`), with
-scale = lora_alpha / r (lora_alpha / sqrt(r) with `use_rslora`).
+scale = lora_alpha / r (lora_alpha / sqrt(r) with `use_rslora`), and sets each saved weight.
 """
 
 from __future__ import annotations
@@ -29,20 +31,23 @@ import torch
 from prime_rl.inference.weight_check import TRAINER_FLOATS, Reference, TensorSpec, check_finite, read_file_specs
 from prime_rl.inference.weights import regular_file
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, lora_scale, split_key
+from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, is_saved_module, lora_scale, split_key
 
-UNSUPPORTED = ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern", "layer_replication", "lora_bias",
+UNSUPPORTED = ("use_dora", "rank_pattern", "alpha_pattern", "layer_replication", "lora_bias",
                "trainable_token_indices", "target_parameters", "fan_in_fan_out", "alora_invocation_tokens",
                "use_qalora")
 
 
 @dataclass
 class Adapter:
-    """A checked adapter: its rank, scale, and (A, B) per module (empty unless read with `keep`)."""
+    """A checked adapter: its rank, scale, `modules_to_save`, and (A, B) per module and the value per saved
+    weight name (both empty unless read with `keep`)."""
 
     rank: int
     scale: float
+    modules_to_save: list[str]
     modules: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    saved: dict[str, torch.Tensor]
 
 
 def is_adapter_dir(path: str | Path) -> bool:
@@ -50,8 +55,8 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).exists() or (Path(path) / ADAPTER_CONFIG).is_symlink()
 
 
-def read_adapter_config(path: str | Path) -> tuple[int, float]:
-    """(r, scale) of a plain LoRA `adapter_config.json`; UserError naming the first problem."""
+def read_adapter_config(path: str | Path) -> tuple[int, float, list[str]]:
+    """(r, scale, modules_to_save) of a plain LoRA `adapter_config.json`; UserError naming the first problem."""
     file = Path(path) / ADAPTER_CONFIG
     try:
         config = json.loads(regular_file(file).read_text())
@@ -74,20 +79,34 @@ def read_adapter_config(path: str | Path) -> tuple[int, float]:
     rslora = config.get("use_rslora", False)
     if not isinstance(rslora, bool):
         raise UserError(f"{file}: use_rslora must be true or false")
-    return rank, lora_scale(rank, alpha, rslora)
+    saved = config.get("modules_to_save") or []
+    if not isinstance(saved, list) or not all(isinstance(name, str) and name for name in saved):
+        raise UserError(f"{file}: modules_to_save must be a list of module names (got {saved!r})")
+    return rank, lora_scale(rank, alpha, rslora), saved
 
 
-def check_adapter_specs(path: str | Path, found: dict[str, TensorSpec], rank: int,
+def saved_name(key: str, modules_to_save: list[str]) -> str | None:
+    """`base_model.model.<name>` -> `<name>` when `modules_to_save` names `<name>`'s module; else None."""
+    name = key[len(PREFIX):] if key.startswith(PREFIX) else ""
+    return name if "." in name and is_saved_module(name.rpartition(".")[0], modules_to_save) else None
+
+
+def check_adapter_specs(path: str | Path, found: dict[str, TensorSpec], rank: int, modules_to_save: list[str],
                         reference: Reference | None) -> None:
     """Names, shapes and dtypes of an adapter's tensors (module docstring); against the served model when
     there is a `reference`, else only among themselves (A [r, n], B [m, r])."""
     tied = set().union(*reference.tied) if reference is not None and reference.tied else set()
     parts: dict[str, dict[str, TensorSpec]] = {}
+    saved: dict[str, TensorSpec] = {}
     for key, spec in found.items():
         split = split_key(key)
+        name = saved_name(key, modules_to_save) if split is None else None
+        if name is not None:
+            saved[name] = spec
+            continue
         if split is None:
             raise UserError(f"adapter in {path}: unexpected tensor {key} (expected base_model.model.<module>"
-                            ".lora_A.weight / .lora_B.weight)")
+                            ".lora_A.weight / .lora_B.weight, or a weight of a module modules_to_save names)")
         parts.setdefault(split[0], {})[split[1]] = spec
     if not parts:
         raise UserError(f"adapter in {path} holds no LoRA tensors")
@@ -109,9 +128,24 @@ def check_adapter_specs(path: str | Path, found: dict[str, TensorSpec], rank: in
                 raise UserError(f"adapter in {path}: {module}.lora_{part}.weight has shape {list(spec.shape)}, "
                                 f"expected {list(want)} (r = {rank}, the adapted weight [out, in] = "
                                 f"{[out_features, in_features]})")
-            if spec.dtype not in TRAINER_FLOATS:
-                raise UserError(f"adapter in {path}: {module}.lora_{part}.weight has dtype {spec.dtype} "
-                                f"(expected one of {', '.join(sorted(TRAINER_FLOATS))})")
+            check_dtype(path, f"{module}.lora_{part}.weight", spec)
+    for name, spec in sorted(saved.items()):
+        if f"{name.rpartition('.')[0]}" in parts:
+            raise UserError(f"adapter in {path}: {name} is both adapted (lora_A/lora_B) and saved in full")
+        if reference is not None:
+            want = reference.specs.get(name)
+            if want is None or name in tied:
+                raise UserError(f"adapter in {path} saves {name}, which is not an untied weight of the served model")
+            if spec.shape != want.shape:
+                raise UserError(f"adapter in {path}: saved {name} has shape {list(spec.shape)}, the served model's "
+                                f"is {list(want.shape)}")
+        check_dtype(path, name, spec)
+
+
+def check_dtype(path: str | Path, name: str, spec: TensorSpec) -> None:
+    if spec.dtype not in TRAINER_FLOATS:
+        raise UserError(f"adapter in {path}: {name} has dtype {spec.dtype} "
+                        f"(expected one of {', '.join(sorted(TRAINER_FLOATS))})")
 
 
 def verify_adapter_dir(path: str | Path, reference: Reference | None, keep: bool) -> Adapter:
@@ -121,9 +155,9 @@ def verify_adapter_dir(path: str | Path, reference: Reference | None, keep: bool
     themselves."""
     from safetensors import safe_open
 
-    rank, scale = read_adapter_config(path)
+    rank, scale, modules_to_save = read_adapter_config(path)
     file = regular_file(Path(path) / ADAPTER_WEIGHTS)
-    check_adapter_specs(path, read_file_specs(file), rank, reference)
+    check_adapter_specs(path, read_file_specs(file), rank, modules_to_save, reference)
     tensors: dict[str, torch.Tensor] = {}
     try:
         with safe_open(str(file), framework="pt", device="cpu") as handle:
@@ -137,8 +171,11 @@ def verify_adapter_dir(path: str | Path, reference: Reference | None, keep: bool
     except Exception as exc:  # safetensors raises its own error types for corrupt files
         raise UserError(f"cannot read the adapter in {path}: {exc}") from None
     modules: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    saved: dict[str, torch.Tensor] = {}
     for key in tensors:
         module, part = split_key(key) or ("", "")
         if part == "A":
             modules[module] = (tensors[key], tensors[key.replace(".lora_A.", ".lora_B.")])
-    return Adapter(rank, scale, modules)
+        elif not part:
+            saved[key[len(PREFIX):]] = tensors[key]
+    return Adapter(rank, scale, modules_to_save, modules, saved)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
 from prime_rl.configs.shared import CkptConfig, RunConfig
-from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.config import InferenceConfig, resolved_backend
 from prime_rl.orchestrator.config import OrchestratorConfig, TeacherConfig
 from prime_rl.trainer.config import TrainerConfig
 
@@ -106,6 +106,10 @@ class RLConfig(RunConfig):
             raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
                              "builtin backend has (inference.backend)")
         lora = self.trainer.lora
+        if lora is not None and not lora.merge and lora.modules_to_save and \
+                resolved_backend(self.inference.backend) == "vllm":
+            raise ValueError("trainer.lora.modules_to_save needs trainer.lora.merge = true on vLLM (its LoRA adapters "
+                             "cannot carry fully trained modules)")
         if lora is not None and not lora.merge:  # the trainer publishes adapters: vLLM must serve that rank
             served = self.inference.vllm.max_lora_rank
             if served is None:

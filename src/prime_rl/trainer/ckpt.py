@@ -6,8 +6,8 @@
     rank_R.json               rank R's RNG states: torch, python `random` and CUDA when present
     manifest.json             size and sha256 of every other file (`utils/checksums.py`)
 
-Frozen parameters are not stored: with LoRA the model part holds only the adapters (and the
-optimizer their state); the base comes from model.name. `meta.json`'s "model" records what was
+Frozen parameters are not stored: with LoRA the model part holds only the adapters and the saved
+modules' weights (and the optimizer their state); the base comes from model.name. `meta.json`'s "model" records what was
 trained (`lora.checkpoint_identity`: LoRA on/off, its shape, the base's fingerprint), and a resume
 into another one is refused (`lora.check_resume`) before anything is loaded.
 
@@ -49,6 +49,7 @@ from prime_rl.utils.json_state import (
     tensor_rng_from_json,
     tensor_rng_to_json,
 )
+from prime_rl.utils.lora import is_saved_module
 
 META = "meta.json"
 TRAINABLE = StateDictOptions(ignore_frozen_params=True)  # frozen (LoRA base) weights come from model.name
@@ -77,11 +78,15 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _trained_state(model: nn.Module, optimizer: torch.optim.Optimizer, identity: dict | None) -> tuple[dict, dict]:
-    """Model and optimizer state dicts of the trained parameters: all of them, or with LoRA the adapters
-    (a tied frozen weight such as lm_head slips through `ignore_frozen_params`, hence the name filter)."""
+    """Model and optimizer state dicts of the trained parameters: all of them, or with LoRA the adapters and
+    the saved modules' weights (a tied frozen weight such as lm_head slips through `ignore_frozen_params`,
+    hence the name filter)."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINABLE)
-    if (identity or {}).get("lora") is not None:
-        model_sd = {key: value for key, value in model_sd.items() if ".lora_" in key}
+    lora = (identity or {}).get("lora")
+    if lora is not None:
+        saved = lora.get("modules_to_save", [])
+        model_sd = {key: value for key, value in model_sd.items()
+                    if ".lora_" in key or is_saved_module(key.rpartition(".")[0], saved)}
     return model_sd, optim_sd
 
 

@@ -74,7 +74,8 @@ class LoRAConfig(BaseConfig):
     """LoRA (peft): train low-rank adapters on frozen base weights, W = W0 + (alpha / rank) * B @ A.
 
     Only A [rank, in] and B [out, rank] of each targeted linear layer are trained (B starts at 0,
-    so step 0 is the base model); weights/step_N holds the adapter, or merged full weights with `merge`.
+    so step 0 is the base model), plus the weights of `modules_to_save` in full; weights/step_N holds
+    the adapter (and those weights), or merged full weights with `merge`.
     """
 
     rank: Annotated[int, Field(ge=1)] = 8
@@ -86,6 +87,8 @@ class LoRAConfig(BaseConfig):
     target_modules: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = Field(
         default_factory=lambda: list(LORA_TARGETS))
     """Linear layers to adapt, by name or name suffix inside the decoder layers (peft's target_modules); each must match a layer."""
+    modules_to_save: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Modules trained in full beside the adapters and shipped with them (peft's modules_to_save, matched as peft does: by name suffix, so "norm" is every RMSNorm); see docs/trainer.md#lora."""
     merge: bool = False
     """Publish merged full weights (W0 + scale * B @ A) to weights/step_N instead of the adapter (any backend, no LoRA support needed)."""
 

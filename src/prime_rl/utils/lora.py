@@ -5,10 +5,15 @@ server (checks and applies it).
     weights/step_N/adapter_model.safetensors   base_model.model.<module>.lora_A.weight  [r, in]
                                                base_model.model.<module>.lora_B.weight  [out, r]
 
+                                               base_model.model.<saved>.weight  (modules_to_save)
+
 where `<module>` is the Hugging Face name of a linear layer (e.g. `model.layers.0.self_attn.q_proj`,
 whose weight is `<module>.weight` [out, in]). The adapted weight is
 
     W = W0 + (lora_alpha / r) * B @ A          (use_rslora: lora_alpha / sqrt(r))
+
+`<saved>` is a module named by the config's `modules_to_save` (e.g. `model.norm`, an RMSNorm): its
+trained weights are stored in full and replace the base's, as `PeftModel.from_pretrained` loads them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ def peft_key(name: str) -> str:
     """The trainer's parameter name `<module>.lora_A.default.weight` as peft saves it:
     `base_model.model.<module>.lora_A.weight`."""
     return PREFIX + name.replace(f".{ADAPTER}.", ".")
+
+
+def is_saved_module(module: str, modules_to_save: list[str] | tuple[str, ...]) -> bool:
+    """Does `modules_to_save` name `module`? peft's rule: the module's name ends with an entry (so "norm" is
+    `model.norm` and every `...input_layernorm`, `...q_norm`)."""
+    return any(module.endswith(entry) for entry in modules_to_save)
 
 
 def split_key(key: str) -> tuple[str, str] | None:

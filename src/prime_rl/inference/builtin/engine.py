@@ -196,14 +196,16 @@ class Engine:
 
     def stage_weights(self, path: str) -> Staged:
         """Read and check the weights in `path` (see `weight_check`; a LoRA adapter: `adapter_check`);
-        return them cast to the served dtype and device (an adapter: its float32 deltas scale * B @ A),
-        ready for `apply_weights`. Only `config.json` (compared, never applied) or `adapter_config.json`
+        return them cast to the served dtype and device (an adapter: its float32 deltas scale * B @ A and
+        its saved weights), ready for `apply_weights`. Only `config.json` (compared, never applied) or `adapter_config.json`
         and the safetensors are read: no code from the directory runs and the architecture stays."""
         params = self.model.state_dict()
         if is_adapter_dir(path):
             adapter = verify_adapter_dir(path, self.reference, keep=True)
             staged = Staged({f"{module}.weight": lora_delta(a.to(self.device), b.to(self.device), adapter.scale)
-                             for module, (a, b) in adapter.modules.items()}, adapter=True)
+                             for module, (a, b) in adapter.modules.items()}, adapter=True,
+                            saved={name: t.to(device=self.device, dtype=params[name].dtype)
+                                   for name, t in adapter.saved.items()})
         else:
             tensors = verify_weight_dir(path, self.reference, keep=True)
             staged = Staged({name: t.to(device=self.device, dtype=params[name].dtype) for name, t in tensors.items()})

@@ -184,8 +184,13 @@ class PrimeRLMiddleware:
         every tensor once)."""
         if not self._reference:
             self._reference.append(await asyncio.to_thread(reference_of, self.policy.model_dir))
-        verify = verify_adapter_dir if is_adapter_dir(path) else verify_weight_dir
-        await asyncio.to_thread(verify, path, self._reference[0], False)
+        if not is_adapter_dir(path):
+            await asyncio.to_thread(verify_weight_dir, path, self._reference[0], False)
+            return
+        adapter = await asyncio.to_thread(verify_adapter_dir, path, self._reference[0], False)
+        if adapter.modules_to_save:
+            raise UserError(f"adapter in {path} saves {adapter.modules_to_save} in full (modules_to_save), which "
+                            "vLLM's LoRA adapters cannot carry: train with trainer.lora.merge = true")
 
     async def _load(self, scope, path: Path, step: int) -> None:
         """Load an update into vLLM (inside the gate): full weights on every worker, or a LoRA adapter
