@@ -2,8 +2,9 @@
 
 Each sample is `prompt_len` prompt tokens plus `completion_len` completion tokens drawn
 uniformly from the vocabulary; completion tokens train (`loss_mask`), with a random
-advantage per sample and inference logprobs near a plausible value (the trainer only
-needs them to be finite; the importance ratio then differs from 1, as off-policy data does).
+advantage per sample (also the sample's reward, on its last token, for token-level advantage
+types) and inference logprobs near a plausible value (the trainer only needs them to be finite;
+the importance ratio then differs from 1, as off-policy data does).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def random_micro_batch(generator: torch.Generator, vocab_size: int, samples: int
     advantages = torch.randn(samples, generator=generator).repeat_interleave(length)
     loss_mask = mask_one.repeat(samples)
     inference = -torch.rand(T, generator=generator) * 4.0 - 3.0
+    last = (torch.arange(T) % length) == length - 1  # each sample's reward (its advantage) on its last token
     return MicroBatch(
         input_ids=torch.randint(0, vocab_size, (T,), generator=generator),
         position_ids=torch.arange(length).repeat(samples),
@@ -32,6 +34,7 @@ def random_micro_batch(generator: torch.Generator, vocab_size: int, samples: int
         inference_logprobs=torch.where(loss_mask, inference, torch.zeros(T)),
         advantages=torch.where(loss_mask, advantages, torch.zeros(T)),
         policy_step=torch.full((samples,), policy_step, dtype=torch.long),
+        rewards=torch.where(last, advantages, torch.zeros(T)),
     )
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from prime_rl.run_dir import resolve_resume_step, weights_dir
 from prime_rl.trainer.ckpt import ckpt_dir
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import main, train
-from prime_rl.trainer.session import NonFiniteError
+from prime_rl.utils.errors import NonFiniteError, UserError
 from prime_rl.utils.fs import WaitTimeout, list_steps
 from prime_rl.utils.lora import ADAPTER_WEIGHTS
 from synthetic_batches import random_step, write_random_step
@@ -80,11 +81,17 @@ def test_two_steps_write_weights_metrics_checkpoints_and_log(tiny_model_dir, tmp
     assert (out / "configs" / "trainer.toml").exists()
 
 
-@pytest.mark.parametrize("lora", [None, {"rank": 4, "dropout": 0.1, "modules_to_save": ["norm"]}], ids=["full", "lora"])
-def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path, lora):
+@pytest.mark.parametrize("lora, advantage", [
+    (None, None),
+    ({"rank": 4, "dropout": 0.1, "modules_to_save": ["norm"]}, None),
+    (None, {"type": "gae", "gamma": 0.95, "lam": 0.9}),
+], ids=["full", "lora", "gae_critic"])
+def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path, lora, advantage):
     """3 steps straight == 2 steps, crash (batch 2 missing), resume from the checkpoint, 1 step; bit for bit,
-    also for LoRA (whose checkpoint holds only the adapters, the saved norms and their optimizer state)."""
-    sched = {"scheduler": {"type": "linear", "warmup_steps": 1}, "max_steps": 3, "lora": lora}
+    also for LoRA (whose checkpoint holds only the adapters, the saved norms and their optimizer state) and
+    with a critic (GAE: step 2's advantages come from the resumed critic, which then trains too)."""
+    sched = {"scheduler": {"type": "linear", "warmup_steps": 1}, "max_steps": 3, "lora": lora,
+             **({"advantage": advantage} if advantage else {})}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     write_steps(straight, range(3))
     train(config(tiny_model_dir, straight, **sched))
@@ -111,6 +118,25 @@ def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_pa
     assert steps == [0, 1, 2]  # step numbers continue after the resume
     lr_straight = [m["optim/lr"] for m in metrics_lines(straight)]
     assert [m["optim/lr"] for m in metrics_lines(resumed)] == lr_straight
+    if advantage is not None:  # the critic resumed exactly: the same values, the same value loss
+        last_straight, last_resumed = metrics_lines(straight)[-1], metrics_lines(resumed)[-1]
+        for key in ("value/mean", "value/explained_variance", "value/loss", "value/grad_norm"):
+            assert last_straight[key] == last_resumed[key], key
+
+
+def test_a_critic_checkpoint_resumes_only_with_a_critic_and_gae_needs_the_batchs_rewards(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    write_steps(out, range(1))
+    train(config(tiny_model_dir, out, ckpt={"interval": 1}, max_steps=1))  # no critic
+    write_steps(out, [1])
+    with pytest.raises(UserError, match="trained without a critic but this run has") as caught:
+        train(config(tiny_model_dir, out, ckpt={"resume_step": 1}, max_steps=2, advantage={"type": "gae"}))
+    assert "\n" not in str(caught.value)
+    fresh = tmp_path / "fresh"
+    micro_batches = [replace(mb, rewards=None) for mb in random_step(VOCAB, 0, 2)]
+    write_random_step(fresh, 0, 1, micro_batches)
+    with pytest.raises(UserError, match="advantage type 'gae' needs the batch's rewards"):
+        train(config(tiny_model_dir, fresh, max_steps=1, advantage={"type": "gae"}))
 
 
 def test_non_finite_loss_stops_before_writing(tiny_model_dir, tmp_path):
@@ -191,20 +217,25 @@ def test_entrypoint_exit_codes(tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("normalization, lora", [("token", None), ("sequence", None), ("constant", None),
-                                                  ("token", {"rank": 4, "modules_to_save": ["norm"]})])
-def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normalization, lora):
+@pytest.mark.parametrize("normalization, lora, advantage", [
+    ("token", None, None), ("sequence", None, None), ("constant", None, None),
+    ("token", {"rank": 4, "modules_to_save": ["norm"]}, None),
+    ("token", None, {"type": "gae", "lam": 0.9}),
+], ids=["token", "sequence", "constant", "lora", "gae_critic"])
+def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normalization, lora, advantage):
     """The same 4 micro-batches on 1 rank or dealt over 2 gloo ranks give the same update (to 1e-5); also
-    with LoRA (frozen base, trainable adapters and trained norms sharded by FSDP2 together)."""
+    with LoRA (frozen base, trainable adapters and trained norms sharded by FSDP2 together) and with a
+    critic (GAE whitened over both ranks' tokens; the value loss normalised by the step's token count)."""
     loss = {"type": "default", "normalization": normalization}
+    extra = {"advantage": advantage} if advantage else {}
     one, two = tmp_path / "one", tmp_path / "two"
     micro = {"micro_batches": 4, "completion_len": 9}
     write_steps(one, [0], world_size=1, **micro)
     write_steps(two, [0], world_size=2, **micro)
     # Uneven samples per micro-batch would be nicer, but the deal must be identical on both sides.
-    train(config(tiny_model_dir, one, max_steps=1, loss=loss, lora=lora))
+    train(config(tiny_model_dir, one, max_steps=1, loss=loss, lora=lora, **extra))
 
-    cfg = config(tiny_model_dir, two, max_steps=1, loss=loss, lora=lora)
+    cfg = config(tiny_model_dir, two, max_steps=1, loss=loss, lora=lora, **extra)
     toml = tmp_path / "trainer.toml"
     from prime_rl.configs.toml_io import write_toml
 
@@ -223,6 +254,8 @@ def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normaliz
     m1, m2 = metrics_lines(one)[0], metrics_lines(two)[0]
     assert m2["loss/total"] == pytest.approx(m1["loss/total"], abs=1e-5)
     assert m2["optim/grad_norm"] == pytest.approx(m1["optim/grad_norm"], rel=1e-5)
+    for key in ("value/loss", "value/mean", "value/explained_variance", "value/grad_norm") if advantage else ():
+        assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
 
 
 def test_keep_one_with_orchestrator_parts_ahead_keeps_the_trainers_newest(tiny_model_dir, tmp_path):

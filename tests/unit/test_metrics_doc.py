@@ -16,7 +16,7 @@ from prime_rl.orchestrator.metrics import advantage_metrics, reward_metrics
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "prime_rl"
 DOC = ROOT / "docs" / "metrics.md"
-PREFIXES = ("loss", "optim", "perf", "reward", "advantage", "seq_len", "rollout", "async", "eval")
+PREFIXES = ("loss", "optim", "perf", "reward", "advantage", "seq_len", "rollout", "async", "eval", "value")
 METRIC = re.compile(rf"(?:{'|'.join(PREFIXES)})/[\w@.*/-]+")
 
 

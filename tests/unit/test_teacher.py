@@ -202,7 +202,7 @@ def test_teacher_logprobs_land_in_the_batch_aligned_with_the_sampled_tokens():
     metrics, seen = run_teacher(samples, opd_coef=2.0, task_coef=0.5)
     assert len(seen) == 4 and all(b["temperature"] == 0.8 and b["prompt_logprobs"] == 0 for b in seen)
     assert seen[0]["prompt"] == prompt + [20, 21, 2]  # the full sample, as the trainer sees it
-    (batch,) = pack_batch(samples, 64, 1, 0, SamplingRule(0.8), 16, with_teacher=True)
+    (batch,) = pack_batch(samples, 64, 1, 0, SamplingRule(0.8), 16, optional=("teacher_logprobs",))
     checked = []
     for mb in batch.micro_batches:
         assert mb.teacher_logprobs is not None

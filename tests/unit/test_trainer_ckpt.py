@@ -21,8 +21,7 @@ from torch.distributed.tensor import DTensor
 from prime_rl.trainer.ckpt import ckpt_dir, load_checkpoint, save_checkpoint
 from prime_rl.trainer.config import OptimConfig, SchedulerConfig
 from prime_rl.trainer.dist import init_distributed
-from prime_rl.trainer.optim import build_optimizer, build_scheduler
-from prime_rl.trainer.session import non_finite_parameters
+from prime_rl.trainer.optim import build_optimizer, build_scheduler, non_finite_parameters
 from prime_rl.utils.checksums import MANIFEST, CorruptCheckpoint, write_manifest
 from prime_rl.utils.errors import PrimeError, UserError
 from prime_rl.utils.json_state import dumps_exact

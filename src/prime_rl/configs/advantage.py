@@ -22,6 +22,9 @@ ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.orche
 class _AdvantageBase(BaseConfig):
     compares_rollouts: ClassVar[bool] = True
     """True for a group-relative type: it compares the rollouts of one prompt, so it needs at least 2 of them."""
+    token_level: ClassVar[bool] = False
+    """True for a type the trainer computes per token (`trainer/rl/token_advantage.py`): the orchestrator sends
+    each sample's reward (the batch's `rewards`) instead of an advantage."""
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of the implementation: every field but `type`."""
@@ -56,6 +59,44 @@ class RppBaselineAdvantageConfig(_AdvantageBase):
     """REINFORCE++-baseline: a_i = r_i - mean(r) within each group, then whitened over the whole batch."""
 
     type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"
+
+
+@ADVANTAGES.config
+class ReinforcePlusPlusAdvantageConfig(_AdvantageBase):
+    """Token-level REINFORCE++: per-token rewards r_t (the sample's reward on its last token, minus
+    kl_coef * KL_t on every token with `kl_in_reward`), discounted returns G_t = sum_{k>=t} gamma^(k-t) r_k,
+    whitened over every trained token of the batch. Computed by the trainer."""
+
+    type: Literal["reinforce_plus_plus"] = "reinforce_plus_plus"
+    compares_rollouts: ClassVar[bool] = False
+    token_level: ClassVar[bool] = True
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """Discount per token."""
+    kl_in_reward: Literal["k1", "k3"] | None = None
+    """Fold the KL to the reference model (model.name, frozen) into the per-token reward: k1 = lq - lref,
+    k3 = exp(lref - lq) - (lref - lq) - 1 (lq: the sampler's logprob); none: no KL term."""
+    kl_coef: float = Field(default=0.01, ge=0)
+    """Weight of the KL in the reward (with kl_in_reward)."""
+
+
+@ADVANTAGES.config
+class GaeAdvantageConfig(_AdvantageBase):
+    """PPO's GAE with a learned critic ([trainer.critic]): delta_t = r_t + gamma V_{t+1} - V_t,
+    A_t = sum_l (gamma lam)^l delta_{t+l}, optionally whitened over the batch. Computed by the trainer."""
+
+    type: Literal["gae"] = "gae"
+    compares_rollouts: ClassVar[bool] = False
+    token_level: ClassVar[bool] = True
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """Discount per token."""
+    lam: float = Field(default=0.95, ge=0, le=1)
+    """GAE's lambda: 0 is the one-step TD advantage, 1 the Monte-Carlo return minus V_t."""
+    whiten: bool = True
+    """Whiten the advantages over every trained token of the batch: (A - mean) / (std + eps)."""
+    kl_in_reward: Literal["k1", "k3"] | None = None
+    """As for reinforce_plus_plus: the KL to the reference model folded into the per-token reward."""
+    kl_coef: float = Field(default=0.01, ge=0)
+    """Weight of the KL in the reward (with kl_in_reward)."""
 
 
 @ADVANTAGES.config

@@ -93,6 +93,9 @@ class RLConfig(RunConfig):
             sub = getattr(self, component)
             names = [key for key in SHARED_KEYS if key in type(sub).model_fields]
             _hand_down(self, sub, names, component)
+        if "advantage" in self.trainer.model_fields_set and self.trainer.advantage != self.orchestrator.advantage:
+            raise ValueError("trainer.advantage is handed down from orchestrator.advantage: set only [orchestrator.advantage]")
+        self.trainer.advantage = self.orchestrator.advantage  # the trainer computes the token-level types
         for component in COMPONENTS:
             getattr(self, component).check_consistency(f"{component}.")
         if self.overwrite and self.ckpt.resume_step is not None:

@@ -8,6 +8,8 @@ mean_g = (1/R) sum_j r_gj and the sample std std_g = sqrt(sum_j (r_gj - mean_g)^
     rloo                          A_gi = r_gi - (1/(R-1)) sum_{j != i} r_gj  =  R/(R-1) * (r_gi - mean_g)
     reinforce_plus_plus_baseline  a_gi = r_gi - mean_g, then A = (a - mean(a)) / (std(a) + eps) over the whole batch
     custom                        A = fn(rewards, **kwargs), same shape
+    reinforce_plus_plus, gae      token-level: A = 0 here; the trainer computes A_t per token from the
+                                  rewards the batch carries (`trainer/rl/token_advantage.py`)
 
 `whiten` is the optional global normalisation (`normalize_advantages`) applied after any
 type.
@@ -43,7 +45,9 @@ from prime_rl.configs.advantage import (
     AdvantageConfig,
     CustomAdvantageConfig,
     DrGrpoAdvantageConfig,
+    GaeAdvantageConfig,
     GrpoAdvantageConfig,
+    ReinforcePlusPlusAdvantageConfig,
     RlooAdvantageConfig,
     RppBaselineAdvantageConfig,
 )
@@ -123,6 +127,13 @@ def whiten(values: Tensor) -> Tensor:
 def reinforce_plus_plus_baseline(rewards: Tensor) -> Tensor:
     _check_groups(rewards, "reinforce_plus_plus_baseline")
     return whiten(_centered(rewards))
+
+
+@ADVANTAGES.implements(ReinforcePlusPlusAdvantageConfig, GaeAdvantageConfig)
+def token_level(rewards: Tensor, **_: object) -> Tensor:
+    """Zeros: a token-level type's advantages need per-token values (the reference's KL, the critic's V_t)
+    that only the trainer computes; the orchestrator sends the rewards instead (`Sample.reward`)."""
+    return torch.zeros_like(rewards, dtype=torch.float64)
 
 
 @ADVANTAGES.implements(CustomAdvantageConfig)

@@ -6,7 +6,9 @@ sampled (a multi-turn completion also holds the environment's tokens between tur
 are the server's logprobs there, and the sample's scalar advantage is broadcast to its
 trained tokens, unless it has per-token advantages (`token_advantages`, the OPD advantage of
 `orchestrator/teacher.py`). With a teacher every row carries `teacher_logprobs` (the
-teacher's logprob of each trained token). All of them are 0 off the loss mask.
+teacher's logprob of each trained token); with a token-level advantage type every row carries
+`rewards` (the sample's reward on its last trained token, 0 elsewhere: the trainer computes the
+advantages). All of them are 0 off the loss mask.
 
 Shared prefixes: consecutive samples with the same prompt (a group's completions) form one
 *unit*, its prompt laid out once (`utils.batch_format`: root = prompt[:-1], one branch
@@ -43,12 +45,26 @@ class Sample:
     completion_mask: list[bool] | None = None  # per completion token: sampled by the policy (None: all were)
     teacher_logprobs: list[float] | None = None  # per completion token: the teacher's logprob (orchestrator/teacher.py)
     token_advantages: list[float] | None = None  # per completion token: replaces `advantage` when set
+    reward: float = 0.0  # the sample's reward (the batch's `rewards`, for token-level advantage types)
 
     def trained(self) -> list[bool]:
         """Per completion token: does it carry loss."""
         if not self.train:
             return [False] * len(self.completion_ids)
         return list(self.completion_mask) if self.completion_mask is not None else [True] * len(self.completion_ids)
+
+    def token_rewards(self) -> list[float]:
+        """Per completion token: the reward on the last trained token, 0 elsewhere (all 0 if none trains)."""
+        trained = self.trained()
+        out = [0.0] * len(trained)
+        last = max((i for i, t in enumerate(trained) if t), default=None)
+        if last is not None:
+            out[last] = self.reward
+        return out
+
+    def optional(self, name: str) -> list[float] | None:
+        """Per completion token values of the batch's optional field `name` (`OPTIONAL_FIELDS`)."""
+        return self.teacher_logprobs if name == "teacher_logprobs" else self.token_rewards()
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -65,7 +81,7 @@ class Sample:
 
         return Sample(self.prompt_ids, self.completion_ids[:keep], self.completion_logprobs[:keep],
                       self.advantage, self.policy_step, self.train, cut(self.completion_mask),
-                      cut(self.teacher_logprobs), cut(self.token_advantages))
+                      cut(self.teacher_logprobs), cut(self.token_advantages), self.reward)
 
 
 def assign_rows(row_tokens: list[int], world_size: int) -> list[list[int]]:
@@ -106,10 +122,10 @@ def make_units(samples: list[Sample], seq_len: int, share_prompts: bool = True) 
 class _Row:
     """Token lists of one micro-batch under construction."""
 
-    def __init__(self, with_teacher: bool = False):
+    def __init__(self, optional: tuple[str, ...] = ()):
         self.ids, self.positions, self.mask, self.logprobs, self.advantages = [], [], [], [], []
         self.lens, self.steps = [], []
-        self.teacher: list[float] | None = [] if with_teacher else None
+        self.optional: dict[str, list[float]] = {name: [] for name in optional}
 
     def segment(self, context: list[int], first_position: int, s: Sample | None, policy_step: int) -> None:
         """Append a segment from `first_position`: `context` tokens (not trained), then `s`'s completion
@@ -124,9 +140,9 @@ class _Row:
         advantages = s.token_advantages if s is not None and s.token_advantages is not None else [
             s.advantage if s is not None else 0.0] * n
         self.advantages += [0.0] * len(context) + [a if t else 0.0 for a, t in zip(advantages, trained, strict=True)]
-        if self.teacher is not None:
-            teacher = s.teacher_logprobs if s is not None and s.teacher_logprobs is not None else [0.0] * n
-            self.teacher += [0.0] * len(context) + [lp if t else 0.0 for lp, t in zip(teacher, trained, strict=True)]
+        for name, values in self.optional.items():
+            own = (s.optional(name) if s is not None else None) or [0.0] * n
+            values += [0.0] * len(context) + [v if t else 0.0 for v, t in zip(own, trained, strict=True)]
         self.lens.append(len(context) + n)
         self.steps.append(policy_step)
 
@@ -148,28 +164,29 @@ class _Row:
             inference_logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
             advantages=torch.tensor(self.advantages, dtype=torch.float32),
             policy_step=torch.tensor(self.steps, dtype=torch.long),
-            teacher_logprobs=None if self.teacher is None else torch.tensor(self.teacher, dtype=torch.float32),
+            **{name: torch.tensor(values, dtype=torch.float32) for name, values in self.optional.items()},
         )
 
 
-def micro_batch(units: list[list[Sample]], with_teacher: bool = False) -> MicroBatch:
-    """One packed row of `units` (see `make_units`); `with_teacher`: with `teacher_logprobs`."""
-    row = _Row(with_teacher)
+def micro_batch(units: list[list[Sample]], optional: tuple[str, ...] = ()) -> MicroBatch:
+    """One packed row of `units` (see `make_units`), with the optional per-token fields named in `optional`
+    (`teacher_logprobs`, `rewards`)."""
+    row = _Row(optional)
     for unit in units:
         row.unit(unit)
     return row.micro_batch()
 
 
-def padding_micro_batch(with_teacher: bool = False) -> MicroBatch:
+def padding_micro_batch(optional: tuple[str, ...] = ()) -> MicroBatch:
     """A one-token row that trains nothing: keeps every rank's micro-batch count equal."""
-    return micro_batch([[Sample([PAD_TOKEN_ID], [], [], 0.0, 0, train=False)]], with_teacher)
+    return micro_batch([[Sample([PAD_TOKEN_ID], [], [], 0.0, 0, train=False)]], optional)
 
 
 def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, rule: SamplingRule,
-               max_tokens: int, share_prompts: bool = True, with_teacher: bool = False) -> list[RankBatch]:
+               max_tokens: int, share_prompts: bool = True, optional: tuple[str, ...] = ()) -> list[RankBatch]:
     """Pack `samples` into one `RankBatch` per trainer rank, all with the same number of micro-batches;
-    `rule` is the distribution they were sampled from (the trainer scores tokens under it). `with_teacher`:
-    every row, padding included, carries `teacher_logprobs`."""
+    `rule` is the distribution they were sampled from (the trainer scores tokens under it). Every row,
+    padding included, carries the optional per-token fields named in `optional`."""
     units = make_units(samples, seq_len, share_prompts)
     lengths = [unit_length(u) for u in units]
     rows = first_fit_decreasing(lengths, seq_len, item="unit (a sample, or samples sharing a prompt)")
@@ -178,7 +195,7 @@ def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, 
     count = max(1, max(len(r) for r in per_rank))  # an empty batch still gives every rank one (padding) row
     batches = []
     for rank_rows in per_rank:
-        mbs = [micro_batch([units[i] for i in rows[r]], with_teacher) for r in rank_rows]
-        mbs += [padding_micro_batch(with_teacher) for _ in range(count - len(mbs))]
+        mbs = [micro_batch([units[i] for i in rows[r]], optional) for r in rank_rows]
+        mbs += [padding_micro_batch(optional) for _ in range(count - len(mbs))]
         batches.append(RankBatch(step, rule.temperature, max_tokens, mbs, rule.top_k, rule.top_p, rule.min_p))
     return batches

@@ -240,6 +240,12 @@ class OrchestratorConfig(RunConfig):
                                                                          or self.dynamic_sampling):
             raise ValueError("teacher.task_coef = 0 (distillation alone) with filter_zero_advantage or dynamic_sampling "
                              "would drop groups of equal rewards, which still carry the teacher's signal")
+        if self.advantage.token_level:  # the trainer computes these advantages; nothing here may read them
+            clashing = [name for name in ("filter_zero_advantage", "dynamic_sampling", "normalize_advantages")
+                        if getattr(self, name)] + (["teacher"] if self.teacher is not None else [])
+            if clashing:
+                raise ValueError(f"advantage type '{self.advantage.type}' is computed per token by the trainer: "
+                                 f"{clashing[0]} needs the orchestrator's advantages (turn it off)")
         names = [e.metric_name for e in self.env]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

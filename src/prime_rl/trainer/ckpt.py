@@ -7,9 +7,11 @@
     manifest.json             size and sha256 of every other file (`utils/checksums.py`)
 
 Frozen parameters are not stored: with LoRA the model part holds only the adapters and the saved
-modules' weights (and the optimizer their state); the base comes from model.name. `meta.json`'s "model" records what was
-trained (`lora.checkpoint_identity`: LoRA on/off, its shape, the base's fingerprint), and a resume
-into another one is refused (`lora.check_resume`) before anything is loaded.
+modules' weights (and the optimizer their state); the base comes from model.name. With a critic
+(advantage type "gae") the DCP part also holds "critic" and "critic_optim". `meta.json`'s "model"
+records what was trained (`lora.checkpoint_identity`: LoRA on/off, its shape, the base's
+fingerprint; "critic": true with a critic), and a resume into another one is refused
+(`lora.check_resume`, and here for the critic) before anything is loaded.
 
 Nothing is pickled besides DCP's own files, and those load with `safe_dcp`'s allow-list:
 resuming from a checkpoint someone else supplied cannot run code. State that JSON would
@@ -90,11 +92,21 @@ def _trained_state(model: nn.Module, optimizer: torch.optim.Optimizer, identity:
     return model_sd, optim_sd
 
 
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer, identity: dict | None, critic) -> dict:
+    """What a checkpoint's DCP part holds: the trained state of the policy, and of the critic if any."""
+    model_sd, optim_sd = _trained_state(model, optimizer, identity)
+    state = {"model": model_sd, "optim": optim_sd}
+    if critic is not None:
+        state["critic"], state["critic_optim"] = get_state_dict(critic.model, critic.optimizer, options=TRAINABLE)
+    return state
+
+
 def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler, extra: dict | None = None, keep: int | None = None,
-                    identity: dict | None = None) -> Path:
+                    identity: dict | None = None, critic=None) -> Path:
     """Collective: every rank calls it after `step` optimizer steps. `identity`: what was trained
-    (`lora.checkpoint_identity`), checked on resume."""
+    (`lora.checkpoint_identity`), checked on resume; `critic`: the `gae` value model (`trainer/critic.py`),
+    stored beside the policy as "critic" and "critic_optim"."""
     rank = dist.get_rank()
     # Every rank serialises first: a field JSON cannot restore fails on all ranks, before any write.
     meta = dumps_exact({"step": step, "scheduler": scheduler.state_dict(), "extra": extra or {},
@@ -106,8 +118,7 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    model_sd, optim_sd = _trained_state(model, optimizer, identity)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    dcp.save(_state(model, optimizer, identity, critic), checkpoint_id=str(tmp))
     rank_file(tmp, rank).write_text(rng)
     if rank == 0:
         (tmp / META).write_text(meta)
@@ -136,9 +147,10 @@ def _verify(directory: Path) -> None:
 
 
 def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler, identity: dict | None = None) -> dict:
-    """Collective: verify, check the checkpoint trained this `identity`, then restore model, optimizer,
-    scheduler and this rank's RNG; returns the saved `extra`."""
+                    scheduler, identity: dict | None = None, critic=None) -> dict:
+    """Collective: verify, check the checkpoint trained this `identity` (and has a critic iff `critic` is
+    given), then restore model, optimizer, the critic, scheduler and this rank's RNG; returns the saved
+    `extra`."""
     directory = ckpt_dir(output_dir, step)
     _verify(directory)
     try:
@@ -147,15 +159,23 @@ def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load checkpoint {directory}: {META}: {exc}") from None
-    check_resume(meta.get("model") or {"lora": None}, identity or {"lora": None}, str(directory))
+    saved = meta.get("model") or {"lora": None}
+    check_resume(saved, identity or {"lora": None}, str(directory))
+    if bool(saved.get("critic")) != (critic is not None):
+        raise UserError(f"checkpoint {directory} was trained {'with' if saved.get('critic') else 'without'} a "
+                        f"critic but this run {'has' if critic is not None else 'has none'} (advantage type 'gae' "
+                        "trains one): resume with the checkpoint's advantage type")
     try:
-        model_sd, optim_sd = _trained_state(model, optimizer, identity)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = _state(model, optimizer, identity, critic)
         safe_dcp.load(state, directory)
         # strict=False: the frozen weights are absent by design; DCP's load above already failed on any
         # trained key the checkpoint lacks.
+        options = StateDictOptions(ignore_frozen_params=True, strict=False)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+                       options=options)
+        if critic is not None:
+            set_state_dict(critic.model, critic.optimizer, model_state_dict=state["critic"],
+                           optim_state_dict=state["critic_optim"], options=options)
         if meta["step"] != step:
             raise ValueError(f"{META} is of step {meta['step']}")
         scheduler.load_state_dict(meta["scheduler"])

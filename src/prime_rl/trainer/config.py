@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
 from prime_rl.configs.shared import CkptConfig, RunConfig
@@ -111,6 +112,19 @@ class TrainingConfig(RunConfig):
     """Train LoRA adapters instead of every weight (none: full fine-tuning); see docs/trainer.md#lora."""
 
 
+class CriticConfig(BaseConfig):
+    """The value model V of the `gae` advantage type: a separate model (the policy's architecture with a
+    one-output token-classification head), trained by the trainer with a clipped value loss; see
+    docs/losses.md#ppo-with-a-critic-gae."""
+
+    model: Annotated[str, Field(min_length=1)] | None = None
+    """Where the critic starts: a local model directory (its decoder weights; the head is new, seeded); none: the policy's model.name."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """The critic's own AdamW (constant lr) and gradient clipping."""
+    value_clip: Annotated[float, Field(gt=0)] | None = 0.2
+    """Clip the new value to V_old +- this in the value loss (PPO's value clipping); none: plain squared error."""
+
+
 class TrainerConfig(TrainingConfig):
     """RL trainer: reads rollout batches, steps the policy with the configured loss, writes weights."""
 
@@ -122,6 +136,11 @@ class TrainerConfig(TrainingConfig):
     """Score tokens under the sampler's truncation (the batch's top_k, top_p, min_p applied to the trainer's own
     logits, renormalised), so the importance ratio is exactly 1 on-policy; false: the full softmax, whose ratio is
     wrong on every token whenever the sampler truncates (see docs/losses.md, "Truncated sampling")."""
+    advantage: AdvantageConfig = Field(default_factory=GrpoAdvantageConfig)
+    """The advantage type (`rl` hands down orchestrator.advantage); the trainer computes only the token-level
+    types (reinforce_plus_plus, gae) itself, from the batch's rewards."""
+    critic: CriticConfig | None = None
+    """The value model of advantage type "gae" (none there: the defaults); only "gae" uses one."""
     update_epochs: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
     batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
@@ -130,3 +149,13 @@ class TrainerConfig(TrainingConfig):
     """The orchestrator's max_async_level (`rl` hands it down): step N trains only samples with N - this <= policy_step <= N."""
     num_processes: Annotated[int, Field(ge=1)] = 1
     """Trainer ranks: `rl` runs `torchrun --nproc-per-node num_processes` when > 1 (one GPU each, or CPU/gloo)."""
+
+    @property
+    def value_model(self) -> CriticConfig | None:
+        """The critic this run trains: [critic] (its defaults when absent) under advantage type "gae", else none."""
+        return (self.critic or CriticConfig()) if self.advantage.type == "gae" else None
+
+    def check_consistency(self, prefix: str = "") -> None:
+        if self.critic is not None and self.advantage.type != "gae":
+            raise ValueError(f"{prefix}critic is used only by advantage type 'gae' (the advantage type is "
+                             f"{self.advantage.type!r})")

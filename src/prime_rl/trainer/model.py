@@ -85,19 +85,29 @@ def load_model(
     Parameters are kept in `options.dtype` (float32 on CPU); on GPU FSDP's mixed precision
     policy then computes in bfloat16 while the optimizer updates float32 master weights.
     """
-    param_dtype = torch.float32 if device.type == "cuda" else resolve_dtype(options, device)
-    kwargs = dict(dtype=param_dtype, attn_implementation=options.attn_implementation)
     if init is not None:
         config = _init_config(init, tokenizer or load_tokenizer(model, init), model.trust_remote_code)
         torch.manual_seed(seed)
-        net = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code, **kwargs)
-    else:
-        try:
-            net = AutoModelForCausalLM.from_pretrained(
-                model.path, trust_remote_code=model.trust_remote_code, **kwargs
-            )
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load model {model.name!r}: {exc}") from None
+        net = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code,
+                                               **_load_kwargs(options, device))
+        net.config.use_cache = False
+        return net.to(device)
+    return load_pretrained(AutoModelForCausalLM, model.path, model, options, device)
+
+
+def _load_kwargs(options: RuntimeConfig, device: torch.device) -> dict:
+    param_dtype = torch.float32 if device.type == "cuda" else resolve_dtype(options, device)
+    return dict(dtype=param_dtype, attn_implementation=options.attn_implementation)
+
+
+def load_pretrained(auto_class, path: str, model: ModelConfig, options: RuntimeConfig, device: torch.device,
+                    **kwargs) -> nn.Module:
+    """`auto_class.from_pretrained(path, **kwargs)` under `load_model`'s dtype and attention rules, on `device`."""
+    try:
+        net = auto_class.from_pretrained(path, trust_remote_code=model.trust_remote_code,
+                                         **_load_kwargs(options, device), **kwargs)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load model {path!r}: {exc}") from None
     net.config.use_cache = False
     # Moved after loading: `device_map` / a device context would need the `accelerate` package.
     return net.to(device)

@@ -1,15 +1,19 @@
-"""AdamW, the learning-rate schedule, and gradient-norm clipping over (sharded) parameters."""
+"""AdamW, the learning-rate schedule, gradient-norm clipping over (sharded) parameters, and the checked
+optimizer step (nothing non-finite gets through)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 from torchtitan.distributed.utils import clip_grad_norm_
 
 from prime_rl.trainer.config import OptimConfig, SchedulerConfig
+from prime_rl.utils.errors import NonFiniteError
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
@@ -46,3 +50,41 @@ def clip_gradients(model: nn.Module, max_norm: float | None) -> torch.Tensor:
     """Global L2 gradient norm over all ranks (DTensor-aware); clips to `max_norm` when set."""
     params = [p for p in model.parameters() if p.grad is not None]
     return clip_grad_norm_(params, max_norm if max_norm is not None else math.inf, foreach=True)
+
+
+def non_finite_parameters(model: torch.nn.Module) -> list[str]:
+    """Collective: names of the parameters holding a NaN or inf on any rank, in `named_parameters` order.
+
+    One fused L2 norm per local shard (`_foreach_norm`; NaN and inf propagate) and one
+    all-reduce of the per-parameter flags. A finite tensor whose norm overflows (entries
+    above ~1e19) is re-checked element-wise, so only real NaN/inf count. (The inf-norm needs
+    no re-check but took 12 ms instead of 0.5 ms for the embedded model on CPU.)
+    """
+    named = list(model.named_parameters())
+    if not named:  # the same model on every rank: all of them return here
+        return []
+    local = [(p.to_local() if isinstance(p, DTensor) else p).detach() for _, p in named]
+    with torch.no_grad():
+        bad = (~torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(local)]))).float()
+        for i in bad.nonzero().flatten().tolist():
+            bad[i] = float(not bool(torch.isfinite(local[i]).all()))
+        dist.all_reduce(bad)
+    return [named[i][0] for i in bad.nonzero().flatten().tolist()]
+
+
+def checked_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None, loss_value: float,
+                 what: str) -> float:
+    """Collective: clip the gradients, check the (all-reduced) loss and the gradient norm are finite, step,
+    zero the gradients, check every updated parameter is finite (a damaged optimizer state can turn finite
+    gradients into NaN weights); returns the norm. `NonFiniteError` naming `what` otherwise."""
+    grad_norm = float(clip_gradients(model, max_norm))
+    if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+        raise NonFiniteError(f"{what}: non-finite loss ({loss_value}) or gradient norm ({grad_norm}); stopping "
+                             "before writing weights or a checkpoint of this step")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    bad = non_finite_parameters(model)
+    if bad:
+        raise NonFiniteError(f"{what}: {len(bad)} parameter(s) non-finite after the optimizer step (first: "
+                             f"{bad[0]}); stopping before writing weights or a checkpoint of this step")
+    return grad_norm

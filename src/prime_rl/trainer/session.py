@@ -9,50 +9,23 @@ the lr schedule, then `after_step` (weights, checkpoint, metrics).
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from prime_rl.monitor import Monitor
 from prime_rl.run_dir import resolve_resume_step, weights_dir
 from prime_rl.trainer import ckpt as ckpt_io
 from prime_rl.trainer.config import ModelInitConfig, TrainingConfig
+from prime_rl.trainer.critic import Critic
 from prime_rl.trainer.dist import all_reduce_sum, init_distributed
 from prime_rl.trainer.lora import LoRAWeights, apply_lora, base_fingerprint, checkpoint_identity
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
-from prime_rl.trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from prime_rl.trainer.optim import build_optimizer, build_scheduler, checked_step
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
 from prime_rl.trainer.weights import write_weights
-from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.logging import setup_logging
-
-
-class NonFiniteError(PrimeError):
-    """Loss, gradient norm or updated parameters are NaN/inf: nothing of the step is written."""
-
-
-def non_finite_parameters(model: torch.nn.Module) -> list[str]:
-    """Collective: names of the parameters holding a NaN or inf on any rank, in `named_parameters` order.
-
-    One fused L2 norm per local shard (`_foreach_norm`; NaN and inf propagate) and one
-    all-reduce of the per-parameter flags. A finite tensor whose norm overflows (entries
-    above ~1e19) is re-checked element-wise, so only real NaN/inf count. (The inf-norm needs
-    no re-check but took 12 ms instead of 0.5 ms for the embedded model on CPU.)
-    """
-    named = list(model.named_parameters())
-    if not named:  # the same model on every rank: all of them return here
-        return []
-    local = [(p.to_local() if isinstance(p, DTensor) else p).detach() for _, p in named]
-    with torch.no_grad():
-        bad = (~torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(local)]))).float()
-        for i in bad.nonzero().flatten().tolist():
-            bad[i] = float(not bool(torch.isfinite(local[i]).all()))
-        dist.all_reduce(bad)
-    return [named[i][0] for i in bad.nonzero().flatten().tolist()]
 
 
 class TrainSession:
@@ -63,6 +36,8 @@ class TrainSession:
     `dropout`: whether the model's dropout layers (LoRA's included) are active in training forwards
     (`sft`: yes; the RL trainer: no, its logprobs must be the sampling policy's, docs/trainer.md#lora).
     With `config.lora` the model is the base with peft's LoRA layers injected; only the adapters train.
+    With a `value_model` (the RL trainer under advantage type "gae") it also owns the critic
+    (`trainer/critic.py`), checkpointed with the policy.
     """
 
     def __init__(self, config: TrainingConfig, source: str, init: ModelInitConfig | None = None, *,
@@ -92,13 +67,18 @@ class TrainSession:
         self.identity = checkpoint_identity(config.lora, fingerprint)  # what the checkpoints trained
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)
+        value_model = getattr(config, "value_model", None)  # the RL trainer's critic (advantage type "gae")
+        self.critic = None
+        if value_model is not None:
+            self.critic = Critic(value_model, config.model, config.runtime, self.dist.device, config.seed)
+            self.identity["critic"] = True
 
         self.start_step = 0
         self.resume_extra: dict = {}
         resume = resolve_resume_step(self.output_dir, config.ckpt.resume_step)
         if resume is not None:
             self.resume_extra = ckpt_io.load_checkpoint(self.output_dir, resume, self.model, self.optimizer,
-                                                        self.scheduler, self.identity)
+                                                        self.scheduler, self.identity, self.critic)
             self.start_step = resume
             self.log.info(f"resumed from {ckpt_io.ckpt_dir(self.output_dir, resume)} (continuing at step {resume})")
         self.monitor = None
@@ -130,17 +110,8 @@ class TrainSession:
         Raises `NonFiniteError` before `after_step`, so no weights or checkpoint of this step
         are ever written.
         """
-        grad_norm = float(clip_gradients(self.model, self.config.optim.max_norm))
-        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
-            raise NonFiniteError(f"{self.source} step {step}: non-finite loss ({loss_value}) or gradient norm "
-                                 f"({grad_norm}); stopping before writing weights or a checkpoint of this step")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        bad = non_finite_parameters(self.model)
-        if bad:
-            raise NonFiniteError(f"{self.source} step {step}: {len(bad)} parameter(s) non-finite after the optimizer "
-                                 f"step (first: {bad[0]}); stopping before writing weights or a checkpoint of this step")
-        return grad_norm
+        return checked_step(self.model, self.optimizer, self.config.optim.max_norm, loss_value,
+                            f"{self.source} step {step}")
 
     def after_step(self, done: int, write: bool, extra: dict | None = None) -> None:
         """After `done` optimizer steps: write weights/step_{done} if `write`, checkpoint when due."""
@@ -149,7 +120,7 @@ class TrainSession:
         interval = self.config.ckpt.interval
         if done == self.config.max_steps or (interval is not None and done % interval == 0):
             ckpt_io.save_checkpoint(self.output_dir, done, self.model, self.optimizer, self.scheduler, extra,
-                                    self.config.ckpt.keep, self.identity)
+                                    self.config.ckpt.keep, self.identity, self.critic)
 
     def _write_weights(self, step: int) -> None:
         """Collective: `weights/step_{step}`, keeping the newest `keep_weights`."""

@@ -17,7 +17,10 @@ rank in every forward); a padding micro-batch has `loss_mask` all false.
 A micro-batch is one packed row, flat over its T <= seq_len tokens. Token t of the row is
 `input_ids[t]`; `loss_mask[t]`, `inference_logprobs[t]` and `advantages[t]` describe that
 token (its logprob is predicted from position t - 1), so the first token of every sample
-is never trained. Samples are laid end to end as *segments* (`sample_lens`).
+is never trained. Samples are laid end to end as *segments* (`sample_lens`). Optional per-token
+fields: `ref_logprobs`, `teacher_logprobs` (on-policy distillation) and `rewards` (token-level
+advantage types: each sample's reward on its last trained token, 0 elsewhere; `advantages` is
+then 0 and the trainer computes them).
 
 Shared prefixes: a segment whose `position_ids` start at 0 is a *root*. A segment starting
 at p > 0 is a *branch*: it continues the nearest preceding root, which must be exactly p
@@ -44,7 +47,7 @@ from prime_rl.run_dir import rollout_dir, rollout_file
 from prime_rl.utils.fs import atomic_dir
 from prime_rl.utils.sampling_rule import SamplingRule
 
-OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs")
+OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs", "rewards")
 
 
 @dataclass
@@ -58,6 +61,7 @@ class MicroBatch:
     policy_step: torch.Tensor  # long [S], weight step that generated each sample
     ref_logprobs: torch.Tensor | None = None  # float32 [T]
     teacher_logprobs: torch.Tensor | None = None  # float32 [T]
+    rewards: torch.Tensor | None = None  # float32 [T]: a sample's reward on its last trained token, else 0
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property

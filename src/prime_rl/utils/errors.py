@@ -15,3 +15,7 @@ class UserError(PrimeError):
 
 class ConfigError(UserError):
     """A config that cannot be read or does not validate."""
+
+
+class NonFiniteError(PrimeError):
+    """Loss, gradient norm or updated parameters are NaN/inf: nothing of the step is written."""

@@ -3,21 +3,26 @@
     trainer @ trainer.toml [--key value ...]                                   # one process
     torchrun --nproc-per-node K -m prime_rl.trainer.rl.train @ trainer.toml    # K ranks
 
-Step N (0-based) reads `rollouts/step_N/rank_R.pt`, computes trainer logprobs under the
-batch's sampling rule (temperature and truncation), the configured loss over all micro-batches with a global
-`LossScale`, takes `update_epochs` optimizer steps on it (the loss metrics logged are
-the last pass's, so with several passes they show the policy's drift from the sampler),
-and writes `weights/step_{N+1}/`.
+Step N (0-based) reads `rollouts/step_N/rank_R.pt`; under a token-level advantage type
+(`reinforce_plus_plus`, `gae`) it first turns the batch's rewards into per-token advantages
+(`token_advantage.py`; `gae` with the critic's values, `critic.py`). It then computes trainer
+logprobs under the batch's sampling rule (temperature and truncation), the configured loss over
+all micro-batches with a global `LossScale`, takes `update_epochs` optimizer steps on it (the
+loss metrics logged are the last pass's, so with several passes they show the policy's drift
+from the sampler; the critic takes one step per pass too), and writes `weights/step_{N+1}/`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
+from prime_rl.configs.advantage import AdvantageConfig
 from prime_rl.configs.cli import run_main
 from prime_rl.trainer.config import TrainerConfig
+from prime_rl.trainer.critic import value_metrics
 from prime_rl.trainer.data import wait_for_batch
 from prime_rl.trainer.dist import all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_logprobs, load_model, prepare_model
@@ -26,12 +31,15 @@ from prime_rl.trainer.rl.loss import (
     LossInputs,
     LossScale,
     build_loss,
+    kl_estimate,
     log_ratio_moments,
     reduce_metrics,
     scale_counts,
 )
+from prime_rl.trainer.rl.token_advantage import gae, moments, token_rewards, whiten
 from prime_rl.trainer.session import TrainSession
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
+from prime_rl.utils.errors import UserError
 from prime_rl.utils.sampling_rule import SamplingRule
 
 
@@ -103,12 +111,55 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     return total, metrics
 
 
+def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: AdvantageConfig,
+                           ref_model: torch.nn.Module | None, rule: SamplingRule
+                           ) -> tuple[RankBatch, list[torch.Tensor], list[torch.Tensor], dict[str, float]]:
+    """The batch with each micro-batch's advantages replaced by the token-level type's (`token_advantage`:
+    rewards, the KL to the reference with `kl_in_reward`, the critic's V_old for `gae`, whitened over the
+    step), V_old and the returns G per micro-batch (the critic's inputs), and the step's advantage metrics."""
+    values, returns, rows, masks, kls = [], [], [], [], []
+    lam = advantage.lam if advantage.type == "gae" else 1.0
+    for mb in batch.micro_batches:
+        if mb.rewards is None:
+            raise UserError(f"step {batch.step}: advantage type '{advantage.type}' needs the batch's rewards, which "
+                            "this batch lacks (the orchestrator must run the same advantage type)")
+        mask = mb.loss_mask
+        kl = None
+        if advantage.kl_in_reward is not None:
+            lref = mb.ref_logprobs
+            if lref is None:
+                with torch.no_grad():
+                    lref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)[0].cpu()
+            kl = kl_estimate(mb.inference_logprobs.double(), lref.double(), advantage.kl_in_reward) * mask
+            kls.append(kl)
+        if session.critic is not None:
+            with torch.no_grad():
+                value = session.critic.values(mb).double().cpu() * mask
+        else:
+            value = torch.zeros(mb.num_tokens, dtype=torch.float64)
+        a, g = gae(token_rewards(mb.rewards, mask, kl, advantage.kl_coef), value, mask, mb.sample_lens,
+                   advantage.gamma, lam)
+        rows.append(a), values.append(value), returns.append(g), masks.append(mask)
+    device = session.dist.device
+    raw = all_reduce_sum(moments(rows, masks), device)
+    metrics = {"advantage/token_mean": raw[0] / max(raw[2], 1.0)}
+    if kls:
+        (kl_sum,) = all_reduce_sum([float(sum(k.sum() for k in kls))], device)
+        metrics["advantage/kl_in_reward"] = kl_sum / max(raw[2], 1.0)
+    if advantage.type == "reinforce_plus_plus" or advantage.whiten:
+        rows = whiten(rows, masks, raw)
+    if session.critic is not None:
+        metrics |= value_metrics(values, returns, masks, device)
+    micro_batches = [replace(mb, advantages=a.float()) for mb, a in zip(batch.micro_batches, rows, strict=True)]
+    return replace(batch, micro_batches=micro_batches), values, returns, metrics
+
+
 def train(config: TrainerConfig) -> None:
     # Dropout off: the loss's logprobs must be those of the policy the server sampled from (docs/trainer.md#lora).
     session = TrainSession(config, "trainer", dropout=False)
     loss_fn = build_loss(config.loss)
     ref_model = None
-    if config.loss.kl_coef > 0:
+    if config.loss.kl_coef > 0 or getattr(config.advantage, "kl_in_reward", None) is not None:
         # Frozen copy of the initial policy (model.name), also when resuming from a checkpoint.
         device = session.dist.device
         ref_model = prepare_model(load_model(config.model, config.runtime, device), config.runtime, device,
@@ -121,10 +172,19 @@ def train(config: TrainerConfig) -> None:
             start = time.perf_counter()
             scale = step_scale(batch, session.dist.device)
             lr = session.lr
+            token_metrics, critic_metrics = {}, {}
+            if config.advantage.token_level:
+                rule = batch.rule if config.match_truncation else SamplingRule(batch.temperature)
+                batch, old_values, returns, token_metrics = token_level_advantages(session, batch, config.advantage,
+                                                                                   ref_model, rule)
             for _ in range(config.update_epochs):
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
                                                      config.match_truncation)
                 grad_norm = session.optimizer_step(step, total_loss)
+                if session.critic is not None:
+                    critic_metrics = session.critic.train_epoch(batch.micro_batches, old_values, returns,
+                                                                session.dist.world_size, step)
+            metrics |= token_metrics | critic_metrics
             session.scheduler.step()
             step_time = time.perf_counter() - start
             tokens = sum(mb.num_tokens for mb in batch.micro_batches) * config.update_epochs

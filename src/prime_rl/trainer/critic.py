@@ -1,0 +1,94 @@
+"""The critic of the `gae` advantage type: a value model V trained beside the policy.
+
+V is a separate model: the policy's architecture (from `critic.model`, else the policy's own weights)
+with a one-output token-classification head (`AutoModelForTokenClassification`, num_labels = 1; the
+head is new, drawn from the seed), sharded with FSDP2 like the policy and run in eval mode (no
+dropout, so V is a function of the tokens). The value of trained token t is the head's output at
+position t - 1, the state the policy sampled token t from (the first token of a segment is never
+trained, so t - 1 is always in the same segment).
+
+Per update epoch, with V_old the values the advantages were computed with, G the GAE returns and
+N the step's trained tokens (all ranks), the critic minimises (PPO's clipped value loss)
+
+    L_V = 1/N sum_t 0.5 max((V_t - G_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - G_t)^2)
+
+(c = `value_clip`; without it the plain 0.5 (V_t - G_t)^2), one AdamW step per epoch. Logged:
+`value/loss` (last epoch), `value/mean` (mean V_old), `value/explained_variance`
+(1 - Var(G - V_old) / Var(G), over the step's trained tokens), `value/clip_frac`, `value/grad_norm`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from prime_rl.configs.shared import ModelConfig
+from prime_rl.trainer.config import CriticConfig, RuntimeConfig
+from prime_rl.trainer.dist import all_reduce_sum
+from prime_rl.trainer.model import forward_rows_logits, load_pretrained, prepare_model
+from prime_rl.trainer.optim import build_optimizer, checked_step
+from prime_rl.utils.batch_format import MicroBatch
+from prime_rl.utils.embedded_models import resolve_model_path
+
+
+class Critic:
+    """The value model and its optimizer (checkpointed with the policy: `ckpt.save_checkpoint`)."""
+
+    def __init__(self, config: CriticConfig, policy: ModelConfig, runtime: RuntimeConfig, device: torch.device,
+                 seed: int):
+        self.config = config
+        self.device = device
+        path = resolve_model_path(config.model) if config.model is not None else policy.path
+        with torch.random.fork_rng(devices=[]):  # the new head's init, the same on every rank and run
+            torch.manual_seed(seed)
+            net = load_pretrained(AutoModelForTokenClassification, path, policy, runtime, device, num_labels=1)
+        self.model = prepare_model(net, runtime, device)
+        self.model.eval()
+        self.optimizer = build_optimizer(self.model, config.optim)
+
+    def values(self, mb: MicroBatch) -> torch.Tensor:
+        """V [T] float32 of a packed row (module docstring: token t's value is the output at t - 1); 0 at
+        each segment's first token. Gradients flow unless called under `torch.no_grad()`."""
+        rows = [(mb.input_ids.to(self.device), mb.position_ids.to(self.device), mb.sample_lens.to(self.device))]
+        out = forward_rows_logits(self.model, rows)[0][:, 0]
+        return torch.cat([out.new_zeros(1), out[:-1]])
+
+    def train_epoch(self, batch: list[MicroBatch], old_values: list[torch.Tensor], returns: list[torch.Tensor],
+                    world_size: int, step: int) -> dict[str, float]:
+        """One pass of the clipped value loss over this rank's micro-batches and one AdamW step."""
+        (count,) = all_reduce_sum([float(sum(mb.num_loss_tokens for mb in batch))], self.device)
+        loss_sum, clipped = 0.0, 0.0
+        clip = self.config.value_clip
+        for mb, old, target in zip(batch, old_values, returns, strict=True):
+            mask = mb.loss_mask.to(self.device)
+            old, target = old.to(self.device, torch.float32), target.to(self.device, torch.float32)
+            v = self.values(mb)
+            error = (v - target).square()
+            if clip is not None:
+                v_clipped = old + (v - old).clamp(-clip, clip)
+                error = torch.maximum(error, (v_clipped - target).square())
+                clipped += float(((v - old).abs() > clip)[mask].sum())
+            loss = 0.5 * (error * mask).sum() / max(count, 1.0)
+            (loss * world_size).backward()  # FSDP averages over ranks; the loss is already a global sum
+            loss_sum += float(loss.detach())
+        loss_total, clipped = all_reduce_sum([loss_sum, clipped], self.device)
+        grad_norm = checked_step(self.model, self.optimizer, self.config.optim.max_norm, loss_total,
+                                 f"critic step {step}")
+        return {"value/loss": loss_total, "value/clip_frac": clipped / max(count, 1.0), "value/grad_norm": grad_norm}
+
+
+def value_metrics(old_values: list[torch.Tensor], returns: list[torch.Tensor], masks: list[torch.Tensor],
+                  device: torch.device) -> dict[str, float]:
+    """`value/mean` and `value/explained_variance` = 1 - Var(G - V) / Var(G) over the step's trained tokens
+    (all ranks; 0 when Var(G) = 0)."""
+    sums = torch.zeros(6, dtype=torch.float64)
+    for v, g, m in zip(old_values, returns, masks, strict=True):
+        v, g = v.double().cpu()[m.cpu()], g.double().cpu()[m.cpu()]
+        sums += torch.stack([v.sum(), g.sum(), g.square().sum(), (g - v).sum(), (g - v).square().sum(),
+                             torch.tensor(float(m.sum()), dtype=torch.float64)])
+    v_sum, g_sum, g_sq, e_sum, e_sq, n = all_reduce_sum(sums.tolist(), device)
+    if n == 0:
+        return {}
+    var_g = g_sq / n - (g_sum / n) ** 2
+    var_e = e_sq / n - (e_sum / n) ** 2
+    return {"value/mean": v_sum / n, "value/explained_variance": 1 - var_e / var_g if var_g > 1e-12 else 0.0}

@@ -1,0 +1,35 @@
+"""Token-level advantage types end to end: `rl` with PPO's GAE over a critic and with token-level REINFORCE++
+(KL to the reference in the reward) trains on-policy (max_async_level 0, fp32, builtin) on advantages the
+trainer computed, and logs the critic's and the KL's metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rl_runs import on_policy_run_with_test_env  # tests/ is on sys.path (rootdir conftest)
+
+pytestmark = [pytest.mark.slow]
+
+GAE = '[orchestrator.advantage]\ntype = "gae"\ngamma = 0.99\nlam = 0.9\n[trainer.critic.optim]\nlr = 1e-3\n'
+RPP = '[orchestrator.advantage]\ntype = "reinforce_plus_plus"\nkl_in_reward = "k3"\nkl_coef = 0.05\n'
+
+
+def test_gae_with_a_critic_runs_on_policy_and_logs_the_value_metrics(tmp_path):
+    trainer, orchestrator = on_policy_run_with_test_env(tmp_path, GAE, seq_len=256, max_tokens=8)
+    for step, row in trainer.items():
+        for key in ("value/loss", "value/mean", "value/explained_variance", "value/grad_norm", "optim/grad_norm"):
+            assert math.isfinite(row[key]), (step, key, row)
+        assert row["value/loss"] > 0 and row["optim/grad_norm"] > 0, (step, row)
+    # The orchestrator left the advantages to the trainer: its advantage metrics are all zero.
+    assert all(row["advantage/std"] == 0 for row in orchestrator.values())
+    # The critic trains: its values of the next step's batch come from updated weights.
+    assert len({round(trainer[s]["value/mean"], 9) for s in range(3)}) == 3, trainer
+
+
+def test_token_level_reinforce_plus_plus_folds_the_reference_kl_into_the_reward(tmp_path):
+    trainer, _ = on_policy_run_with_test_env(tmp_path, RPP, seq_len=256, max_tokens=8)
+    assert trainer[0]["advantage/kl_in_reward"] == pytest.approx(0.0, abs=1e-6)  # step 0: the policy is the ref
+    assert trainer[2]["advantage/kl_in_reward"] > 0  # later steps have moved away from it (k3 >= 0)
+    assert all("value/loss" not in row and row["optim/grad_norm"] > 0 for row in trainer.values())
