@@ -313,6 +313,16 @@ def test_teacher_context_temperature_and_filtering_edges_are_config_errors(tiny_
     assert orchestrator("--teacher.backend", "vllm").teacher.backend == "vllm"  # temperature 1: fine
     teacher = ("--teacher.model.name", "tiny-reverse-text")
     assert orchestrator(*teacher, "--sampling.temperature", "0.7").teacher.backend == "auto"  # builtin here
+    # teacher.temperature: what the teacher scores at (default: the sampling temperature), also for vLLM's rule.
+    assert orchestrator(*teacher, "--sampling.temperature", "0.7").teacher_temperature == 0.7
+    assert orchestrator(*teacher, "--sampling.temperature", "0.7", "--teacher.temperature", "0.3").teacher_temperature \
+        == 0.3
+    assert orchestrator("--teacher.backend", "vllm", "--sampling.temperature", "0.7", "--teacher.temperature", "1")
+    with pytest.raises(ConfigError, match="would score at 0.5 \\(teacher.temperature"):
+        orchestrator("--teacher.backend", "vllm", "--teacher.temperature", "0.5")
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(ConfigError, match="teacher.temperature"):
+            orchestrator(*teacher, "--teacher.temperature", bad)
 
 
 def test_an_auto_teacher_that_would_be_vllm_is_checked_as_vllm(monkeypatch):

@@ -160,6 +160,9 @@ class TeacherConfig(BaseConfig):
     token); 0: the teacher logprobs only reach the batch (for loss.teacher_tau and loss/teacher_kl)."""
     task_coef: float = Field(default=1.0, ge=0)
     """Weight of the task advantage A (from the rewards); 0: distillation alone."""
+    temperature: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    """Temperature the teacher scores at: lt_t = log_softmax(z_teacher / this)[x_t]; below the sampling temperature the
+    student is distilled towards a sharper teacher. None: the sampling temperature (the distribution sampled from)."""
     opd_center: bool = False
     """Subtract the step's mean of teacher_t - lq_t over its trained tokens from every token's OPD term (a constant
     baseline, as Tinker's distillation does; slime's does not): same expected gradient, less variance."""
@@ -267,6 +270,12 @@ class OrchestratorConfig(RunConfig):
         if self.teacher is not None:
             self._check_teacher(prefix)
 
+    @property
+    def teacher_temperature(self) -> float:
+        """The temperature the teacher scores at: teacher.temperature, else the sampling temperature."""
+        chosen = self.teacher.temperature if self.teacher is not None else None
+        return chosen if chosen is not None else self.sampling.temperature
+
     def _check_teacher(self, prefix: str) -> None:
         """The teacher scores the policy's token ids: same vocabulary (when both models are here), room for a
         full-length completion (a prompt token, max_tokens, and the one token a scoring request generates), and
@@ -281,7 +290,7 @@ class OrchestratorConfig(RunConfig):
         if known is not None and known[0] < self.sampling.max_tokens + 2:
             raise ValueError(f"{prefix}teacher.model's context of {known[0]} tokens ({known[1]}) cannot score a "
                              f"completion of sampling.max_tokens = {self.sampling.max_tokens} after a prompt")
-        if teacher.base_url is None and resolved_backend(teacher.backend) == "vllm" and self.sampling.temperature != 1:
+        if teacher.base_url is None and resolved_backend(teacher.backend) == "vllm" and self.teacher_temperature != 1:
             raise ValueError(f"{prefix}teacher.backend = {teacher.backend!r} serves with vllm here, which scores at "
-                             "temperature 1 only (vLLM's prompt logprobs are untempered), but sampling.temperature = "
-                             f"{self.sampling.temperature:g}")
+                             "temperature 1 only (vLLM's prompt logprobs are untempered), but the teacher would score "
+                             f"at {self.teacher_temperature:g} (teacher.temperature, else sampling.temperature)")

@@ -172,7 +172,7 @@ class Orchestrator:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
         samples = self.samples(kept, advantages)
         if self.teacher is not None:  # teacher logprobs and the OPD advantage (orchestrator/teacher.py)
-            metrics |= await self.teacher.apply(samples, c.sampling.temperature)
+            metrics |= await self.teacher.apply(samples, c.teacher_temperature)
         optional = (("teacher_logprobs",) if self.teacher is not None else ()) + (
             ("rewards",) if c.advantage.token_level else ())
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,

@@ -3,9 +3,13 @@
 The teacher is a second model behind an inference server (`[teacher]`, `TeacherConfig`). For
 every sample that trains, the orchestrator sends the sample's token ids (prompt + completion,
 exactly the ids the trainer gets) to the teacher's `/v1/completions` with `prompt_logprobs: 0`
-at the batch temperature T (`InferenceClient.score`), and gets for every token after the first
+at temperature T (`InferenceClient.score`; `teacher.temperature`, by default the sampling
+temperature), and gets for every token after the first
 
     lt_t = log softmax(z_teacher(x_<t) / T)[x_t]        (no top-k/top-p/min-p truncation)
+
+A T below the sampling temperature distils towards a sharper teacher than the one that would
+sample at the student's temperature.
 
 Of these the sample keeps its trained tokens, the ones the policy sampled: a multi-turn
 sample's environment tokens get no teacher term (0 in the batch, as off the loss mask).
