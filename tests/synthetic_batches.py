@@ -17,8 +17,9 @@ from prime_rl.utils.batch_format import MicroBatch, RankBatch, write_step
 
 
 def random_micro_batch(generator: torch.Generator, vocab_size: int, samples: int, prompt_len: int,
-                       completion_len: int, policy_step: int = 0) -> MicroBatch:
-    """One packed row of `samples` samples of prompt_len + completion_len tokens each."""
+                       completion_len: int, policy_step: int = 0, rewards: bool = False) -> MicroBatch:
+    """One packed row of `samples` samples of prompt_len + completion_len tokens each (with `rewards`: the batch's
+    `rewards` too, as a token-level advantage type's orchestrator writes them)."""
     length = prompt_len + completion_len
     T = samples * length
     mask_one = torch.cat([torch.zeros(prompt_len, dtype=torch.bool), torch.ones(completion_len, dtype=torch.bool)])
@@ -34,22 +35,25 @@ def random_micro_batch(generator: torch.Generator, vocab_size: int, samples: int
         inference_logprobs=torch.where(loss_mask, inference, torch.zeros(T)),
         advantages=torch.where(loss_mask, advantages, torch.zeros(T)),
         policy_step=torch.full((samples,), policy_step, dtype=torch.long),
-        rewards=torch.where(last, advantages, torch.zeros(T)),
+        rewards=torch.where(last, advantages, torch.zeros(T)) if rewards else None,
     )
 
 
 def random_step(vocab_size: int, step: int, micro_batches: int, samples: int = 2, prompt_len: int = 6,
-                completion_len: int = 10, temperature: float = 1.0, seed: int = 0) -> list[MicroBatch]:
+                completion_len: int = 10, temperature: float = 1.0, seed: int = 0,
+                rewards: bool = False) -> list[MicroBatch]:
     """All micro-batches of one step (seeded by `seed` and `step`), before splitting over ranks."""
     generator = torch.Generator().manual_seed(seed * 100_003 + step)
-    return [random_micro_batch(generator, vocab_size, samples, prompt_len, completion_len, step)
+    return [random_micro_batch(generator, vocab_size, samples, prompt_len, completion_len, step, rewards)
             for _ in range(micro_batches)]
 
 
 def write_random_step(output_dir: Path, step: int, world_size: int, micro_batches: list[MicroBatch],
-                      temperature: float = 1.0, max_tokens: int = 16) -> Path:
-    """Deal `micro_batches` round-robin over `world_size` ranks and write `rollouts/step_N/`."""
+                      temperature: float = 1.0, max_tokens: int = 16, advantage: str | None = None) -> Path:
+    """Deal `micro_batches` round-robin over `world_size` ranks and write `rollouts/step_N/` (`advantage`: the
+    orchestrator's advantage type the batch records)."""
     if len(micro_batches) % world_size:
         raise ValueError(f"{len(micro_batches)} micro-batches do not split evenly over {world_size} ranks")
-    per_rank = [RankBatch(step, temperature, max_tokens, micro_batches[r::world_size]) for r in range(world_size)]
+    per_rank = [RankBatch(step, temperature, max_tokens, micro_batches[r::world_size], advantage=advantage)
+                for r in range(world_size)]
     return write_step(output_dir, step, per_rank)

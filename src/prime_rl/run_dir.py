@@ -58,12 +58,19 @@ METRICS_PLOT = "metrics.png"
 WANDB = "wandb"
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
+NODES = "nodes"  # a split run's server nodes (`node_dir`): not a run artifact
 
 RUN_ARTIFACTS = (ROLLOUTS, WEIGHTS, CHECKPOINTS, LOGS, CONFIGS, WANDB, METRICS, f"{METRICS}.lock", METRICS_PLOT)
 """What a run writes in its output directory besides the marker (what `rl --overwrite` deletes)."""
 
 _TEMPORARY = re.compile(r"^\..+\.tmp$")
 """Names `atomic_path`/`atomic_dir`/the checkpoint writers give to what they have not finished."""
+
+
+def node_dir(output_dir: Path, host: str) -> Path:
+    """`nodes/<host>/`: where a server node's `rl` of a split run keeps its `configs/` and `logs/` (not a run
+    artifact: it never makes the directory look like an earlier run, and `--overwrite` leaves it)."""
+    return Path(output_dir) / NODES / host
 
 
 def config_file(output_dir: Path, component: str) -> Path:

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,9 +41,13 @@ def config(model_dir: Path, out: Path, **overrides) -> TrainerConfig:
     return TrainerConfig.build([], base)
 
 
-def write_steps(out: Path, steps, world_size: int = 1, micro_batches: int = 2, **kwargs) -> None:
+def write_steps(out: Path, steps, world_size: int = 1, micro_batches: int = 2, advantage: dict | None = None,
+                **kwargs) -> None:
+    """Random batches of `steps`; for a token-level `advantage` type, with rewards and that type recorded."""
+    kind = (advantage or {}).get("type")
     for step in steps:
-        write_random_step(out, step, world_size, random_step(VOCAB, step, micro_batches, **kwargs))
+        write_random_step(out, step, world_size, random_step(VOCAB, step, micro_batches, rewards=kind is not None,
+                                                             **kwargs), advantage=kind)
 
 
 def metrics_lines(out: Path, source: str = "trainer") -> list[dict]:
@@ -93,14 +96,14 @@ def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_pa
     sched = {"scheduler": {"type": "linear", "warmup_steps": 1}, "max_steps": 3, "lora": lora,
              **({"advantage": advantage} if advantage else {})}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    write_steps(straight, range(3))
+    write_steps(straight, range(3), advantage=advantage)
     train(config(tiny_model_dir, straight, **sched))
 
-    write_steps(resumed, range(2))
+    write_steps(resumed, range(2), advantage=advantage)
     with pytest.raises(WaitTimeout, match="rollout batch of step 2"):
         train(config(tiny_model_dir, resumed, ckpt={"interval": 1}, batch_timeout_s=0.5, **sched))
     assert list_steps(resumed / "weights") == [1, 2]
-    write_steps(resumed, [2])
+    write_steps(resumed, [2], advantage=advantage)
     train(config(tiny_model_dir, resumed, ckpt={"resume_step": "latest"}, **sched))
 
     a, b = weights(straight, 3), weights(resumed, 3)
@@ -124,7 +127,7 @@ def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_pa
             assert last_straight[key] == last_resumed[key], key
 
 
-def test_a_critic_checkpoint_resumes_only_with_a_critic_and_gae_needs_the_batchs_rewards(tiny_model_dir, tmp_path):
+def test_a_critic_checkpoint_resumes_only_with_a_critic_and_the_advantage_types_must_agree(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     write_steps(out, range(1))
     train(config(tiny_model_dir, out, ckpt={"interval": 1}, max_steps=1))  # no critic
@@ -132,9 +135,18 @@ def test_a_critic_checkpoint_resumes_only_with_a_critic_and_gae_needs_the_batchs
     with pytest.raises(UserError, match="trained without a critic but this run has") as caught:
         train(config(tiny_model_dir, out, ckpt={"resume_step": 1}, max_steps=2, advantage={"type": "gae"}))
     assert "\n" not in str(caught.value)
-    fresh = tmp_path / "fresh"
-    micro_batches = [replace(mb, rewards=None) for mb in random_step(VOCAB, 0, 2)]
-    write_random_step(fresh, 0, 1, micro_batches)
+    # A trainer started by hand with another type than the orchestrator's: refused, never zero advantages.
+    for theirs, ours, words in [("gae", "grpo", "of type 'gae' but the trainer runs 'grpo'"),
+                                ("reinforce_plus_plus", "gae", "of type 'reinforce_plus_plus' but the trainer runs"),
+                                ("grpo", "gae", "of type 'grpo' but the trainer runs 'gae'"),
+                                (None, "gae", "of an unrecorded type but the trainer runs 'gae'")]:
+        fresh = tmp_path / f"fresh_{theirs}_{ours}"
+        micro_batches = random_step(VOCAB, 0, 2, rewards=theirs in ("gae", "reinforce_plus_plus"))
+        write_random_step(fresh, 0, 1, micro_batches, advantage=theirs)
+        with pytest.raises(UserError, match=words):
+            train(config(tiny_model_dir, fresh, max_steps=1, advantage={"type": ours}))
+    fresh = tmp_path / "no_rewards"
+    write_random_step(fresh, 0, 1, random_step(VOCAB, 0, 2), advantage="gae")
     with pytest.raises(UserError, match="advantage type 'gae' needs the batch's rewards"):
         train(config(tiny_model_dir, fresh, max_steps=1, advantage={"type": "gae"}))
 
@@ -230,8 +242,8 @@ def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normaliz
     extra = {"advantage": advantage} if advantage else {}
     one, two = tmp_path / "one", tmp_path / "two"
     micro = {"micro_batches": 4, "completion_len": 9}
-    write_steps(one, [0], world_size=1, **micro)
-    write_steps(two, [0], world_size=2, **micro)
+    write_steps(one, [0], world_size=1, advantage=advantage, **micro)
+    write_steps(two, [0], world_size=2, advantage=advantage, **micro)
     # Uneven samples per micro-batch would be nicer, but the deal must be identical on both sides.
     train(config(tiny_model_dir, one, max_steps=1, loss=loss, lora=lora, **extra))
 

@@ -118,6 +118,8 @@ BROKEN = {
         lambda t: t.__setitem__(Q_B, torch.full_like(t[Q_B], 1e30)))(p)), "would not be finite in the served dtype"),
     "no_tensors": (_edit_tensors(lambda t: t.clear()), "holds no LoRA tensors"),
     "saved_not_a_list": (_edit_config(modules_to_save="norm"), "modules_to_save must be a list of module names"),
+    "saved_huge": (_edit_config(modules_to_save={"x": "y" * 100_000}), "modules_to_save must be a list"),
+    "rank_huge": (_edit_config(r=[1] * 100_000), "r must be an integer >= 1"),
     "saved_wrong_shape": (lambda p: (_edit_config(modules_to_save=["norm"])(p), _edit_tensors(lambda t: t.__setitem__(
         NORM, torch.ones(65)))(p)), "saved model.norm.weight has shape [65], the served model's is [64]"),
     "saved_unknown": (lambda p: (_edit_config(modules_to_save=["norm"])(p), _edit_tensors(lambda t: t.__setitem__(
@@ -142,6 +144,7 @@ def test_a_broken_adapter_is_refused_in_one_line_and_nothing_changes(engine, tin
     with pytest.raises(UserError) as caught:
         engine.stage_weights(str(path))  # the app answers 400 with this message; apply never runs
     assert words in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    assert len(str(caught.value)) < 300 + len(str(path)), len(str(caught.value))  # hostile values are cut short
     assert engine.weight_step == step
     assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
 

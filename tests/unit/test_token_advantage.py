@@ -103,3 +103,23 @@ def test_rl_hands_the_advantage_type_to_the_trainer_and_gae_gets_a_default_criti
                                                "rollouts_per_example": 1, "batch_size": 4}})
     assert rpp.trainer.value_model is None and rpp.trainer.advantage.kl_in_reward == "k3"
     assert TrainerConfig.build([], {}).value_model is None
+
+
+def test_a_critic_with_another_vocabulary_is_one_line(tmp_path):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from prime_rl.configs.shared import ModelConfig
+    from prime_rl.trainer.config import RuntimeConfig
+    from prime_rl.trainer.critic import Critic
+    from prime_rl.trainer.dist import init_distributed
+    from prime_rl.utils.errors import UserError
+
+    init_distributed()
+    other = tmp_path / "other"
+    AutoModelForCausalLM.from_config(Qwen3Config(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+                                     ).save_pretrained(other)
+    with pytest.raises(UserError, match="has a vocabulary of 120 tokens, the policy 99") as caught:
+        Critic(CriticConfig(model=str(other)), ModelConfig(name="tiny-reverse-text"), RuntimeConfig(),
+               torch.device("cpu"), seed=0, vocab_size=99)
+    assert "\n" not in str(caught.value)

@@ -50,6 +50,12 @@ class Adapter:
     saved: dict[str, torch.Tensor]
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """`repr(value)`, cut to `limit` characters: a hostile config's value must not fill an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def is_adapter_dir(path: str | Path) -> bool:
     """An update directory is an adapter when it has adapter_config.json (whatever else it holds)."""
     return (Path(path) / ADAPTER_CONFIG).exists() or (Path(path) / ADAPTER_CONFIG).is_symlink()
@@ -65,23 +71,23 @@ def read_adapter_config(path: str | Path) -> tuple[int, float, list[str]]:
     if not isinstance(config, dict):
         raise UserError(f"{file} is not a JSON object")
     if config.get("peft_type") != "LORA":
-        raise UserError(f"{file}: peft_type {config.get('peft_type')!r} is not a LoRA adapter (peft_type 'LORA')")
+        raise UserError(f"{file}: peft_type {shown(config.get('peft_type'))} is not a LoRA adapter (peft_type 'LORA')")
     rank, alpha = config.get("r"), config.get("lora_alpha")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise UserError(f"{file}: r must be an integer >= 1 (got {rank!r})")
+        raise UserError(f"{file}: r must be an integer >= 1 (got {shown(rank)})")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
-        raise UserError(f"{file}: lora_alpha must be a finite number (got {alpha!r})")
+        raise UserError(f"{file}: lora_alpha must be a finite number (got {shown(alpha)})")
     if config.get("bias", "none") != "none":
-        raise UserError(f"{file}: bias = {config['bias']!r} is not supported (only 'none')")
+        raise UserError(f"{file}: bias = {shown(config['bias'])} is not supported (only 'none')")
     for key in UNSUPPORTED:
         if config.get(key):
-            raise UserError(f"{file}: {key} = {config[key]!r} is not supported by weight updates (plain LoRA only)")
+            raise UserError(f"{file}: {key} = {shown(config[key])} is not supported by weight updates (plain LoRA only)")
     rslora = config.get("use_rslora", False)
     if not isinstance(rslora, bool):
         raise UserError(f"{file}: use_rslora must be true or false")
     saved = config.get("modules_to_save") or []
     if not isinstance(saved, list) or not all(isinstance(name, str) and name for name in saved):
-        raise UserError(f"{file}: modules_to_save must be a list of module names (got {saved!r})")
+        raise UserError(f"{file}: modules_to_save must be a list of module names (got {shown(saved)})")
     return rank, lora_scale(rank, alpha, rslora), saved
 
 

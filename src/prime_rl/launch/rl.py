@@ -6,6 +6,13 @@ when `trainer.num_processes > 1`), waits for the server to serve, starts the
 orchestrator, shows progress, and stops everything when the run ends, fails, or is interrupted.
 With a `[teacher]` that names no `base_url` it also starts the teacher's inference server
 (`configs/teacher.toml`, `logs/teacher.log`) beside the policy's and waits for it too.
+
+A split run (`deployment.components`, one `rl` per node on a shared `output_dir`): a server node's
+`rl` starts only the inference server, another `rl` the orchestrator and trainer. That one owns the
+run directory (overwrite, resume clean-up, the marker, `configs/`, `logs/`) and waits for the remote
+server's /health before starting the orchestrator; the server node's `rl` keeps its config and log
+in `nodes/<hostname>/` (so they never make the directory look like an earlier run) and ends when
+the trainer has logged its last step (read from the shared `metrics.jsonl`), or with Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 import urllib.error
@@ -38,6 +46,7 @@ from prime_rl.run_dir import (
     log_file,
     metrics_file,
     metrics_plot,
+    node_dir,
     remove_temporaries,
     resolve_resume_step,
     weights_root,
@@ -118,10 +127,11 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
     return ",".join(map(str, inference)), ",".join(map(str, trainer))
 
 
-def wait_for_health(url: str, child: Child, timeout_s: float, run_dir: Path) -> None:
+def wait_for_health(url: str, child: Child | None, timeout_s: float, run_dir: Path) -> None:
+    """Until `url` answers 200: `child` is the local server (its death is a failure), None for a remote one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not child.running:
+        if child is not None and not child.running:
             raise failure(child, run_dir)
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
@@ -130,7 +140,8 @@ def wait_for_health(url: str, child: Child, timeout_s: float, run_dir: Path) -> 
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.5)
-    raise ComponentFailed(f"inference server did not answer {url} within {timeout_s:.0f}s (see {child.log_path})")
+    where = f" (see {child.log_path})" if child is not None else " (deployment.startup_timeout_s)"
+    raise ComponentFailed(f"inference server did not answer {url} within {timeout_s:.0f}s{where}")
 
 
 def failure(child: Child, run_dir: Path) -> ComponentFailed:
@@ -142,6 +153,12 @@ def failure(child: Child, run_dir: Path) -> ComponentFailed:
         return ComponentFailed(f"{child.name} {how}: {describe(disk, run_dir)}")
     lines = "\n".join(f"  {line}" for line in child.last_lines())
     return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}")
+
+
+def remote_health(base_url: str) -> str:
+    """The /health URL of the server whose OpenAI API root is `base_url` (e.g. http://node0:8000/v1)."""
+    root = base_url.rstrip("/")
+    return (root[: -len("/v1")] if root.endswith("/v1") else root) + "/health"
 
 
 def starts_teacher(config: RLConfig) -> bool:
@@ -159,11 +176,12 @@ def teacher_server(config: RLConfig, port: int) -> InferenceConfig:
         "weight_dirs": [], "vllm": vllm})
 
 
-def component_commands(config: RLConfig) -> dict[str, list[str]]:
-    """Each component's command line, reading its config from `configs/<component>.toml` (the teacher's server
-    too when rl starts it)."""
+def component_commands(config: RLConfig, base: Path | None = None) -> dict[str, list[str]]:
+    """Each component's command line, reading its config from `<base>/configs/<component>.toml` (base: the output
+    dir, or a server node's `nodes/<hostname>/`; the teacher's server too when rl starts it), for the components
+    this rl starts (`deployment.components`)."""
     python = sys.executable
-    out = config.output_dir
+    out = base if base is not None else config.output_dir
     trainer_module = ["-m", "prime_rl.trainer.rl.train", "@", str(config_file(out, "trainer"))]
     if config.trainer.num_processes > 1:
         trainer = [python, "-m", "torch.distributed.run", "--standalone",
@@ -177,7 +195,9 @@ def component_commands(config: RLConfig) -> dict[str, list[str]]:
     commands["orchestrator"] = [python, "-m", "prime_rl.orchestrator.orchestrator", "@",
                                 str(config_file(out, "orchestrator"))]
     commands["trainer"] = trainer
-    return commands
+    here = config.deployment.components
+    return {name: command for name, command in commands.items()
+            if name in here or (name == TEACHER and "inference" in here)}
 
 
 # Where each child reads the inference API key from: its config field as a PRIME_ variable.
@@ -252,8 +272,11 @@ class ProgressView:
             self.bar.stop()
 
 
-def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail, run_dir: Path) -> None:
-    """Poll until trainer and orchestrator finish; raise on the first failure."""
+def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail, run_dir: Path,
+              max_steps: int) -> None:
+    """Poll until the trainer and orchestrator here finish (a server-only rl of a split run: until the trainer
+    elsewhere has logged step max_steps - 1); raise on the first failure."""
+    workers = [children[name] for name in ("trainer", "orchestrator") if name in children]
     while True:
         tail.poll()
         view.update(tail)
@@ -261,7 +284,10 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail,
             code = child.poll()
             if code not in (None, 0) or (child.name in SERVERS and code is not None):
                 raise failure(child, run_dir)
-        if children["trainer"].poll() == 0 and children["orchestrator"].poll() == 0:
+        if workers and all(child.poll() == 0 for child in workers):
+            return
+        trained = tail.last("trainer", "perf/step_time_s")
+        if not workers and trained is not None and trained[0] + 1 >= max_steps:
             return
         time.sleep(POLL_S)
 
@@ -271,42 +297,49 @@ def launch(config: RLConfig) -> None:
     start = time.monotonic()
     config.model.path  # noqa: B018 -- a missing local model is an input error: report it before creating anything
     key_env = run_api_key(config)
+    here = set(config.deployment.components)
+    owner = "trainer" in here  # owns the run directory; a server node's rl keeps to nodes/<hostname>/
+    base = config.output_dir if owner else node_dir(config.output_dir, socket.gethostname())
     # Every check first (the config's own ran at load time); only then change the run directory.
-    doomed = prepare_output_dir(config)
+    doomed = prepare_output_dir(config) if owner else []
     resumed = pin_resume_step(config)
     inference_devices, trainer_devices = assign_devices(config)
-    port = server_port(config.inference.host, config.inference.port if "port" in config.inference.model_fields_set else 0)
+    if "inference" in here:
+        config.inference.port = server_port(config.inference.host, config.inference.port
+                                             if "port" in config.inference.model_fields_set else 0)
+        config.orchestrator.client.base_url = f"http://{config.inference.host}:{config.inference.port}/v1"
     teacher = teacher_server(config, server_port(config.inference.host, 0)) if starts_teacher(config) else None
     output_dir.check_writable(config.output_dir)
-    output_dir.delete(doomed)
-    if resumed is not None:
-        clear_after(config, resumed)
-    output_dir.mark(config.output_dir, config.command)
+    if owner:
+        output_dir.delete(doomed)
+        if resumed is not None:
+            clear_after(config, resumed)
+        output_dir.mark(config.output_dir, config.command)
 
-    config.inference.port = port
-    config.orchestrator.client.base_url = f"http://{config.inference.host}:{config.inference.port}/v1"
     config.orchestrator.trainer_world_size = config.trainer.num_processes
     config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
 
     if teacher is not None:
         url = f"http://{teacher.host}:{teacher.port}/v1"
         config.orchestrator.teacher = config.teacher.model_copy(update={"base_url": url})
-        write_toml(config_file(config.output_dir, TEACHER), teacher.model_dump(mode="json"))
+        write_toml(config_file(base, TEACHER), teacher.model_dump(mode="json"))
 
     for name in COMPONENTS:
-        write_toml(config_file(config.output_dir, name), getattr(config, name).model_dump(mode="json"))
+        if name in here:
+            write_toml(config_file(base, name), getattr(config, name).model_dump(mode="json"))
     # Without `overwrite`: running this file again must not delete the run it describes (nor find the URL of
     # the teacher server this run started, which would stop it from starting one).
     rl_toml = config.model_dump(mode="json", exclude={"overwrite"})
     if teacher is not None:
         rl_toml["orchestrator"]["teacher"]["base_url"] = None
-    write_toml(config_file(config.output_dir, "rl"), rl_toml)
+    if owner:
+        write_toml(config_file(config.output_dir, "rl"), rl_toml)
 
-    commands = component_commands(config)
+    commands = component_commands(config, base)
     devices = {"inference": inference_devices, TEACHER: inference_devices, "orchestrator": "",
                "trainer": trainer_devices}
     children = {
-        name: Child(name, commands[name], log_file(config.output_dir, name),
+        name: Child(name, commands[name], log_file(base, name),
                     child_env(devices[name], key_env.get(name)))
         for name in commands
     }
@@ -316,23 +349,27 @@ def launch(config: RLConfig) -> None:
     view = None
     interrupted = False
     try:
-        console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {log_file(config.output_dir, 'rl').parent}")
+        console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {log_file(base, 'rl').parent}")
         if resumed is not None:
             console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
         # The trainer needs nothing from the server: it starts (imports, loads the model) meanwhile.
-        children["inference"].start()
-        if teacher is not None:
-            children[TEACHER].start()
-        children["trainer"].start()
-        for name, server in (("inference", config.inference), (TEACHER, teacher)):
-            if server is None:
-                continue
-            health = f"http://{server.host}:{server.port}/health"
+        for name in ("inference", TEACHER, "trainer"):
+            if name in children:
+                children[name].start()
+        servers = [(name, f"http://{server.host}:{server.port}/health", children[name])
+                   for name, server in (("inference", config.inference), (TEACHER, teacher)) if name in children]
+        if "orchestrator" in children and "inference" not in children:  # a split run: the server runs elsewhere
+            servers.append(("inference", remote_health(config.orchestrator.client.base_url), None))
+        for name, health, child in servers:
             console.print(f"waiting for the {name} server ({health}) ...")
-            wait_for_health(health, children[name], config.deployment.startup_timeout_s, config.output_dir)
-        children["orchestrator"].start()
+            wait_for_health(health, child, config.deployment.startup_timeout_s, config.output_dir)
+        if "orchestrator" in children:
+            children["orchestrator"].start()
+        if not owner and "orchestrator" not in children:
+            console.print(f"serving at http://{config.inference.host}:{config.inference.port}/v1 until the trainer "
+                          "elsewhere logs its last step (Ctrl-C stops it sooner)")
         view = ProgressView(console, config.max_steps, resumed or 0)
-        supervise(children, view, tail, config.output_dir)
+        supervise(children, view, tail, config.output_dir, config.max_steps)
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -9,9 +9,9 @@ value; a different value is an error, never a silent override.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
@@ -34,6 +34,21 @@ class DeploymentConfig(BaseConfig):
     """CUDA devices for the trainer (empty: the next GPU after inference's, else CPU)."""
     startup_timeout_s: Annotated[float, Field(gt=0)] = 900.0
     """How long to wait for the inference server's /health before giving up."""
+    components: list[Literal["inference", "orchestrator", "trainer"]] = Field(
+        default_factory=lambda: ["inference", "orchestrator", "trainer"])
+    """The components this rl starts (a split run: one rl per node, each with some; docs/deployment.md#multi-node)."""
+
+    @field_validator("components")
+    @classmethod
+    def _some_once(cls, value: list[str]) -> list[str]:
+        if not value or len(set(value)) != len(value):
+            raise ValueError("must name each component at most once, and at least one")
+        return value
+
+    @property
+    def split(self) -> bool:
+        """Whether another rl starts some components of this run."""
+        return len(self.components) < 3
 
 
 def _hand_down(shared: BaseModel, sub: BaseModel, names: Iterable[str], where: str) -> None:
@@ -81,6 +96,34 @@ class RLConfig(RunConfig):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The trainer."""
 
+    def _check_split(self) -> None:
+        """A split run (`deployment.components`): each rl must know what the others run. The orchestrator needs the
+        remote server's URL, the server a fixed port, both one API key given to every rl (a random one cannot be
+        shared), a teacher its URL; only the rl that runs the trainer owns the run directory (`overwrite`)."""
+        here = set(self.deployment.components)
+        if not self.deployment.split:
+            return
+        if here not in ({"inference"}, {"orchestrator", "trainer"}):
+            raise ValueError(f"deployment.components = {self.deployment.components}: a split run is one rl with "
+                             "['inference'] (a server node) and one with ['orchestrator', 'trainer'] (both write the "
+                             "run directory, so they start together)")
+        if "orchestrator" in here and "inference" not in here and "base_url" not in self.orchestrator.client.model_fields_set:
+            raise ValueError("orchestrator.client.base_url: the inference server runs elsewhere "
+                             "(deployment.components), so give its URL, e.g. http://node0:8000/v1")
+        if "inference" in here and "orchestrator" not in here and "port" not in self.inference.model_fields_set:
+            raise ValueError("inference.port: the orchestrator runs elsewhere (deployment.components), so fix the port "
+                             "it connects to")
+        if ("inference" in here) != ("orchestrator" in here) and self.inference.api_key is None \
+                and self.orchestrator.client.api_key is None:
+            raise ValueError("a split run needs one API key in every rl: set PRIME_INFERENCE__API_KEY (the same value "
+                             "on every node)")
+        if self.teacher is not None and self.teacher.base_url is None:
+            raise ValueError("teacher.base_url: a split run does not start the teacher's server; start it yourself "
+                             "and give its URL")
+        if self.overwrite and "trainer" not in here:
+            raise ValueError("overwrite: only the rl that runs the trainer owns the run directory "
+                             "(deployment.components)")
+
     def check_consistency(self, prefix: str = "") -> None:
         """Hand the shared keys down, then check each component with them and the rules across components.
 
@@ -108,6 +151,7 @@ class RLConfig(RunConfig):
         if self.orchestrator.rollout_mode == "continuous" and self.inference.backend == "vllm":
             raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
                              "builtin backend has (inference.backend)")
+        self._check_split()
         lora = self.trainer.lora
         if lora is not None and not lora.merge and lora.modules_to_save and \
                 resolved_backend(self.inference.backend) == "vllm":

@@ -183,10 +183,12 @@ def padding_micro_batch(optional: tuple[str, ...] = ()) -> MicroBatch:
 
 
 def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, rule: SamplingRule,
-               max_tokens: int, share_prompts: bool = True, optional: tuple[str, ...] = ()) -> list[RankBatch]:
+               max_tokens: int, share_prompts: bool = True, optional: tuple[str, ...] = (),
+               advantage: str | None = None) -> list[RankBatch]:
     """Pack `samples` into one `RankBatch` per trainer rank, all with the same number of micro-batches;
-    `rule` is the distribution they were sampled from (the trainer scores tokens under it). Every row,
-    padding included, carries the optional per-token fields named in `optional`."""
+    `rule` is the distribution they were sampled from (the trainer scores tokens under it), `advantage` the
+    advantage type (the trainer checks it runs the same). Every row, padding included, carries the optional
+    per-token fields named in `optional`."""
     units = make_units(samples, seq_len, share_prompts)
     lengths = [unit_length(u) for u in units]
     rows = first_fit_decreasing(lengths, seq_len, item="unit (a sample, or samples sharing a prompt)")
@@ -197,5 +199,6 @@ def pack_batch(samples: list[Sample], seq_len: int, world_size: int, step: int, 
     for rank_rows in per_rank:
         mbs = [micro_batch([units[i] for i in rows[r]], optional) for r in rank_rows]
         mbs += [padding_micro_batch(optional) for _ in range(count - len(mbs))]
-        batches.append(RankBatch(step, rule.temperature, max_tokens, mbs, rule.top_k, rule.top_p, rule.min_p))
+        batches.append(RankBatch(step, rule.temperature, max_tokens, mbs, rule.top_k, rule.top_p, rule.min_p,
+                                 advantage))
     return batches

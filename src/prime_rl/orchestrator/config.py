@@ -160,7 +160,7 @@ class TeacherConfig(BaseConfig):
     token); 0: the teacher logprobs only reach the batch (for loss.teacher_tau and loss/teacher_kl)."""
     task_coef: float = Field(default=1.0, ge=0)
     """Weight of the task advantage A (from the rewards); 0: distillation alone."""
-    temperature: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    temperature: Annotated[float, Field(ge=MIN_TRAIN_TEMPERATURE, allow_inf_nan=False)] | None = None
     """Temperature the teacher scores at: lt_t = log_softmax(z_teacher / this)[x_t]; below the sampling temperature the
     student is distilled towards a sharper teacher. None: the sampling temperature (the distribution sampled from)."""
     opd_center: bool = False

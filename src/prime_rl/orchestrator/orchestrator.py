@@ -176,7 +176,7 @@ class Orchestrator:
         optional = (("teacher_logprobs",) if self.teacher is not None else ()) + (
             ("rewards",) if c.advantage.token_level else ())
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
-                             c.share_prompts, optional)
+                             c.share_prompts, optional, c.advantage.type)
         write_step(c.output_dir, step, batches)
         total = sum(len(g.rewards) for g in groups)
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)

@@ -29,19 +29,23 @@ from prime_rl.trainer.model import forward_rows_logits, load_pretrained, prepare
 from prime_rl.trainer.optim import build_optimizer, checked_step
 from prime_rl.utils.batch_format import MicroBatch
 from prime_rl.utils.embedded_models import resolve_model_path
+from prime_rl.utils.errors import UserError
 
 
 class Critic:
     """The value model and its optimizer (checkpointed with the policy: `ckpt.save_checkpoint`)."""
 
     def __init__(self, config: CriticConfig, policy: ModelConfig, runtime: RuntimeConfig, device: torch.device,
-                 seed: int):
+                 seed: int, vocab_size: int):
         self.config = config
         self.device = device
         path = resolve_model_path(config.model) if config.model is not None else policy.path
         with torch.random.fork_rng(devices=[]):  # the new head's init, the same on every rank and run
             torch.manual_seed(seed)
             net = load_pretrained(AutoModelForTokenClassification, path, policy, runtime, device, num_labels=1)
+        if net.config.vocab_size != vocab_size:  # it reads the policy's token ids
+            raise UserError(f"critic.model {config.model!r} has a vocabulary of {net.config.vocab_size} tokens, the "
+                            f"policy {vocab_size}: the critic must share the policy's tokenizer")
         self.model = prepare_model(net, runtime, device)
         self.model.eval()
         self.optimizer = build_optimizer(self.model, config.optim)

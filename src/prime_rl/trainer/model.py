@@ -159,7 +159,10 @@ def forward_rows_logits(model: nn.Module, rows: list[Row], pad_id: int = 0) -> l
     keep = {} if layout.keep is None else {"logits_to_keep": layout.keep}
     out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False,
                 **keep)
-    flat = out.logits.flatten(0, 1)
+    logits = out.logits
+    if layout.keep is not None and logits.shape[1] != layout.keep.numel():  # a head that ignores logits_to_keep
+        logits = logits[:, layout.keep]  # (the critic's token classification): keep the same positions
+    flat = logits.flatten(0, 1)
     return [flat[index].float() for index in layout.index]
 
 

@@ -70,7 +70,8 @@ class TrainSession:
         value_model = getattr(config, "value_model", None)  # the RL trainer's critic (advantage type "gae")
         self.critic = None
         if value_model is not None:
-            self.critic = Critic(value_model, config.model, config.runtime, self.dist.device, config.seed)
+            self.critic = Critic(value_model, config.model, config.runtime, self.dist.device, config.seed,
+                                 self.model_config.vocab_size)
             self.identity["critic"] = True
 
         self.start_step = 0

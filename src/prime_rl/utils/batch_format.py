@@ -8,6 +8,8 @@
       "top_k": int, "top_p": float, "min_p": float,   # the sampler's truncation (-1, 1.0, 0.0: none; absent
                                        # in files of older versions, read as none): `utils.sampling_rule`
       "max_tokens": int,               # completion budget per sample (LossScale's L)
+      "advantage": str,                # the orchestrator's advantage type (absent in older files); the
+                                       # trainer's must agree: a token-level type computes them itself
       "micro_batches": [MicroBatch-as-dict, ...],
     }
 
@@ -157,6 +159,7 @@ class RankBatch:
     top_k: int = -1
     top_p: float = 1.0
     min_p: float = 0.0
+    advantage: str | None = None  # the orchestrator's advantage type (None in files of older versions)
 
     @property
     def rule(self) -> SamplingRule:
@@ -181,6 +184,7 @@ def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
                 "top_k": batch.top_k,
                 "top_p": batch.top_p,
                 "min_p": batch.min_p,
+                "advantage": batch.advantage,
                 "micro_batches": [mb.to_dict() for mb in batch.micro_batches],
             }
             buffer = io.BytesIO()  # then one plain write: a full disk is an OSError naming the file
@@ -200,4 +204,5 @@ def read_rank(output_dir: Path, step: int, rank: int) -> RankBatch:
         top_k=payload.get("top_k", -1),
         top_p=payload.get("top_p", 1.0),
         min_p=payload.get("min_p", 0.0),
+        advantage=payload.get("advantage"),
     )

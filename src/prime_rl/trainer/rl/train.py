@@ -111,13 +111,24 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     return total, metrics
 
 
+def check_advantage_type(batch: RankBatch, advantage: AdvantageConfig) -> None:
+    """The orchestrator's advantage type (in the batch) must be the trainer's when either is token-level: else
+    the trainer would train on the orchestrator's zero placeholders, or compute another type's advantages."""
+    theirs = batch.advantage  # None in files of older versions
+    with_rewards = any(mb.rewards is not None for mb in batch.micro_batches)  # a token-level orchestrator's
+    if theirs != advantage.type and (advantage.token_level or with_rewards):
+        named = f"type '{theirs}'" if theirs is not None else "an unrecorded type"
+        raise UserError(f"step {batch.step}: the orchestrator computed advantages of {named} but the trainer runs "
+                        f"'{advantage.type}': give both the same advantage type (rl hands it down)")
+
+
 def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: AdvantageConfig,
                            ref_model: torch.nn.Module | None, rule: SamplingRule
                            ) -> tuple[RankBatch, list[torch.Tensor], list[torch.Tensor], dict[str, float]]:
     """The batch with each micro-batch's advantages replaced by the token-level type's (`token_advantage`:
     rewards, the KL to the reference with `kl_in_reward`, the critic's V_old for `gae`, whitened over the
     step), V_old and the returns G per micro-batch (the critic's inputs), and the step's advantage metrics."""
-    values, returns, rows, masks, kls = [], [], [], [], []
+    values, returns, rows, masks, kls, refs = [], [], [], [], [], []
     lam = advantage.lam if advantage.type == "gae" else 1.0
     for mb in batch.micro_batches:
         if mb.rewards is None:
@@ -140,6 +151,7 @@ def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: A
         a, g = gae(token_rewards(mb.rewards, mask, kl, advantage.kl_coef), value, mask, mb.sample_lens,
                    advantage.gamma, lam)
         rows.append(a), values.append(value), returns.append(g), masks.append(mask)
+        refs.append(lref if kl is not None else mb.ref_logprobs)  # the loss's KL term reuses them
     device = session.dist.device
     raw = all_reduce_sum(moments(rows, masks), device)
     metrics = {"advantage/token_mean": raw[0] / max(raw[2], 1.0)}
@@ -150,7 +162,8 @@ def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: A
         rows = whiten(rows, masks, raw)
     if session.critic is not None:
         metrics |= value_metrics(values, returns, masks, device)
-    micro_batches = [replace(mb, advantages=a.float()) for mb, a in zip(batch.micro_batches, rows, strict=True)]
+    micro_batches = [replace(mb, advantages=a.float(), ref_logprobs=ref)
+                     for mb, a, ref in zip(batch.micro_batches, rows, refs, strict=True)]
     return replace(batch, micro_batches=micro_batches), values, returns, metrics
 
 
@@ -173,6 +186,7 @@ def train(config: TrainerConfig) -> None:
             scale = step_scale(batch, session.dist.device)
             lr = session.lr
             token_metrics, critic_metrics = {}, {}
+            check_advantage_type(batch, config.advantage)
             if config.advantage.token_level:
                 rule = batch.rule if config.match_truncation else SamplingRule(batch.temperature)
                 batch, old_values, returns, token_metrics = token_level_advantages(session, batch, config.advantage,

@@ -1,0 +1,72 @@
+"""A split run (`deployment.components`): one `rl` starts only the inference server (a server node), another
+the orchestrator and trainer against it, on one shared output dir, as two nodes would; here both on this
+machine. The run trains, the server node's `rl` ends by itself when the trainer has logged its last step,
+and each side keeps to its part of the run directory."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from rl_runs import rows_by_source  # tests/ is on sys.path (rootdir conftest)
+
+pytestmark = [pytest.mark.slow]
+
+SMALL = ["--model.name", "tiny-reverse-text", "--max-steps", "3", "--seq-len", "256", "--orchestrator.batch-size",
+         "16", "--orchestrator.rollouts-per-example", "4", "--orchestrator.sampling.max-tokens", "8",
+         "--wandb.mode", "disabled"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "prime_rl.launch.rl", *SMALL, *args]
+
+
+def test_a_server_node_and_a_trainer_node_run_one_rl_run(tmp_path):
+    run, port = tmp_path / "run", free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")} | {"PRIME_INFERENCE__API_KEY": "k" * 32}
+    server = subprocess.Popen(rl("--output-dir", str(run), "--deployment.components", '["inference"]',
+                                 "--inference.port", str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        trainer = subprocess.run(rl("--output-dir", str(run), "--deployment.components", '["orchestrator", "trainer"]',
+                                    "--orchestrator.client.base-url", f"http://127.0.0.1:{port}/v1"),
+                                 capture_output=True, text=True, env=env, timeout=600)
+        assert trainer.returncode == 0, (trainer.stdout + trainer.stderr)[-3000:]
+        out, _ = server.communicate(timeout=60)  # ends by itself: the trainer logged step max_steps - 1
+    finally:
+        server.kill()
+    assert server.returncode == 0, out[-3000:]
+    assert sorted(rows_by_source(run, "trainer")) == sorted(rows_by_source(run, "orchestrator")) == [0, 1, 2]
+    node = run / "nodes" / socket.gethostname()
+    assert sorted(p.name for p in (run / "configs").iterdir()) == ["orchestrator.toml", "rl.toml", "trainer.toml"]
+    assert [p.name for p in (node / "configs").iterdir()] == ["inference.toml"]
+    served = (node / "logs" / "inference.log").read_text()
+    assert "serving weights step 1 from" in served, served[-2000:]  # it loaded the trainer's update
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--deployment.components", '["orchestrator", "trainer"]'], "orchestrator.client.base_url: the inference server "
+                                                                 "runs elsewhere"),
+    (["--deployment.components", '["inference"]'], "inference.port: the orchestrator runs elsewhere"),
+    (["--deployment.components", '["inference"]', "--inference.port", "8000"], "one API key in every rl"),
+    (["--deployment.components", '["trainer"]'], "a split run is one rl with ['inference']"),
+    (["--deployment.components", '["inference", "inference"]'], "at most once"),
+    (["--deployment.components", "[]"], "at least one"),
+])
+def test_a_split_that_cannot_work_is_one_line_exit_2(tmp_path, args, words):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
+    result = subprocess.run(rl("--output-dir", str(tmp_path / "run"), *args), capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert words in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "run").exists()
