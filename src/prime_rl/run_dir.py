@@ -59,6 +59,7 @@ WANDB = "wandb"
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
 NODES = "nodes"  # a split run's server nodes (`node_dir`): not a run artifact
+SLURM = "slurm-job"  # `rl --slurm.nodes N`'s job script, its config and output (`slurm_dir`): not a run artifact
 
 RUN_ARTIFACTS = (ROLLOUTS, WEIGHTS, CHECKPOINTS, LOGS, CONFIGS, WANDB, METRICS, f"{METRICS}.lock", METRICS_PLOT)
 """What a run writes in its output directory besides the marker (what `rl --overwrite` deletes)."""
@@ -71,6 +72,11 @@ def node_dir(output_dir: Path, host: str) -> Path:
     """`nodes/<host>/`: where a server node's `rl` of a split run keeps its `configs/` and `logs/` (not a run
     artifact: it never makes the directory look like an earlier run, and `--overwrite` leaves it)."""
     return Path(output_dir) / NODES / host
+
+
+def slurm_dir(output_dir: Path) -> Path:
+    """`slurm-job/`: the sbatch script `rl --slurm.nodes N` writes (rl.sbatch), the config it runs and the job's output."""
+    return Path(output_dir) / SLURM
 
 
 def config_file(output_dir: Path, component: str) -> Path:

@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from prime_rl.configs.cli import run_main
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.inference.config import InferenceConfig
-from prime_rl.launch import output_dir
+from prime_rl.launch import output_dir, slurm
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
 from prime_rl.launch.rl_config import COMPONENTS, RLConfig
@@ -119,6 +119,8 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
             raise ConfigError(f"deployment GPU ids {bad} do not exist (this machine has {count} GPU(s))")
     inference = deployment.inference_gpu_ids or [0]
     trainer = deployment.trainer_gpu_ids or ([max(inference) + 1] if max(inference) + 1 < count else inference)
+    if not deployment.trainer_gpu_ids and "inference" not in deployment.components:  # a trainer node: every GPU
+        trainer = list(range(count))
     if config.trainer.num_processes > len(trainer):
         raise ConfigError(
             f"trainer.num_processes = {config.trainer.num_processes} needs as many trainer GPUs, "
@@ -176,6 +178,15 @@ def teacher_server(config: RLConfig, port: int) -> InferenceConfig:
         "weight_dirs": [], "vllm": vllm})
 
 
+def trainer_rendezvous(config: RLConfig) -> list[str]:
+    """torchrun's arguments for a trainer across `deployment.trainer_nodes` nodes (c10d rendezvous), the same on
+    every trainer node."""
+    deployment = config.deployment
+    return ["-m", "torch.distributed.run", f"--nnodes={deployment.trainer_nodes}",
+            f"--nproc-per-node={config.trainer.num_processes}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={deployment.rdzv_endpoint}", "--rdzv-id=prime-rl-trainer"]
+
+
 def component_commands(config: RLConfig, base: Path | None = None) -> dict[str, list[str]]:
     """Each component's command line, reading its config from `<base>/configs/<component>.toml` (base: the output
     dir, or a server node's `nodes/<hostname>/`; the teacher's server too when rl starts it), for the components
@@ -183,7 +194,10 @@ def component_commands(config: RLConfig, base: Path | None = None) -> dict[str, 
     python = sys.executable
     out = base if base is not None else config.output_dir
     trainer_module = ["-m", "prime_rl.trainer.rl.train", "@", str(config_file(out, "trainer"))]
-    if config.trainer.num_processes > 1:
+    deployment = config.deployment
+    if deployment.trainer_nodes > 1:  # the other nodes join the rendezvous themselves (`trainer_node_command`)
+        trainer = [python, *trainer_rendezvous(config), *trainer_module]
+    elif config.trainer.num_processes > 1:
         trainer = [python, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={config.trainer.num_processes}", *trainer_module]
     else:
@@ -294,6 +308,10 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail,
 
 def launch(config: RLConfig) -> None:
     console = Console(stderr=False)
+    if config.slurm is not None:  # write the job script, run nothing
+        script = slurm.write_script(config)
+        console.print(f"wrote {script} ({config.slurm.nodes} node(s)); submit it with: sbatch {script}")
+        return
     start = time.monotonic()
     config.model.path  # noqa: B018 -- a missing local model is an input error: report it before creating anything
     key_env = run_api_key(config)
@@ -316,7 +334,7 @@ def launch(config: RLConfig) -> None:
             clear_after(config, resumed)
         output_dir.mark(config.output_dir, config.command)
 
-    config.orchestrator.trainer_world_size = config.trainer.num_processes
+    config.orchestrator.trainer_world_size = config.trainer.num_processes * config.deployment.trainer_nodes
     config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
 
     if teacher is not None:

@@ -8,7 +8,9 @@ value; a different value is an error, never a silent override.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -38,6 +40,12 @@ class DeploymentConfig(BaseConfig):
         default_factory=lambda: ["inference", "orchestrator", "trainer"])
     """The components this rl starts (a split run: one rl per node, each with some; docs/deployment.md#multi-node)."""
 
+    trainer_nodes: Annotated[int, Field(ge=1)] = 1
+    """Nodes the trainer spans (torchrun --nnodes, c10d rendezvous at rdzv_endpoint); this rl starts the first, the others
+    run torchrun themselves (the SLURM script does: docs/deployment.md#slurm). Ranks: trainer_nodes * trainer.num_processes."""
+    rdzv_endpoint: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+:[0-9]+$")] | None = None
+    """host:port of the trainer's torchrun rendezvous when trainer_nodes > 1 (the first trainer node)."""
+
     @field_validator("components")
     @classmethod
     def _some_once(cls, value: list[str]) -> list[str]:
@@ -49,6 +57,35 @@ class DeploymentConfig(BaseConfig):
     def split(self) -> bool:
         """Whether another rl starts some components of this run."""
         return len(self.components) < 3
+
+
+class SlurmConfig(BaseConfig):
+    """`rl --slurm.nodes N`: write an sbatch script for N nodes instead of running (`launch/slurm.py`,
+    docs/deployment.md#slurm)."""
+
+    nodes: Annotated[int, Field(ge=1)] = 1
+    """Nodes: 1 runs everything on it; N >= 2 puts the inference server on the first and the orchestrator and a
+    trainer spanning the other N - 1 (torchrun rendezvous) after it."""
+    gpus_per_node: Annotated[int, Field(ge=1)] | None = None
+    """#SBATCH --gpus-per-node (none: not set)."""
+    partition: Annotated[str, Field(min_length=1)] | None = None
+    """#SBATCH --partition (none: the cluster's default)."""
+    time: Annotated[str, Field(pattern=r"^[0-9:-]+$")] | None = None
+    """#SBATCH --time, e.g. 04:00:00 (none: the partition's limit)."""
+    job_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "prime-rl"
+    """#SBATCH --job-name."""
+    inference_port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    """Port of the inference server on the first node."""
+    rdzv_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    """Port of the trainer's torchrun rendezvous on the second node."""
+    dir: Path | None = None
+    """Where the script (rl.sbatch), the config it runs (rl.toml) and the job's output go; none: <output_dir>/slurm-job."""
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_as_written(cls, value: object) -> object:
+        """TOML (and so the command line) reads 04:00:00 as a time of day: keep it as SLURM writes it."""
+        return value.isoformat() if isinstance(value, datetime.time) else value
 
 
 def _hand_down(shared: BaseModel, sub: BaseModel, names: Iterable[str], where: str) -> None:
@@ -86,6 +123,8 @@ class RLConfig(RunConfig):
     """On-policy distillation from a teacher model (docs/losses.md#on-policy-distillation); handed to the
     orchestrator. Without teacher.base_url rl starts the teacher's server (a second inference process with
     inference's options, on a free port and the inference devices)."""
+    slurm: SlurmConfig | None = None
+    """Write an sbatch script for this run instead of running it (docs/deployment.md#slurm); none: run here."""
     overwrite: bool = False
     """Delete a previous rl run's outputs in output_dir first, after every check passed: only run artifacts, only in a directory rl marked (.prime-rl-run); other files stay. Without it an existing run is an error unless resuming."""
 
@@ -152,6 +191,9 @@ class RLConfig(RunConfig):
             raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
                              "builtin backend has (inference.backend)")
         self._check_split()
+        if self.deployment.trainer_nodes > 1 and self.deployment.rdzv_endpoint is None:
+            raise ValueError("deployment.trainer_nodes > 1 needs deployment.rdzv_endpoint (host:port of the first "
+                             "trainer node) for torchrun's rendezvous")
         lora = self.trainer.lora
         if lora is not None and not lora.merge and lora.modules_to_save and \
                 resolved_backend(self.inference.backend) == "vllm":
