@@ -91,6 +91,8 @@ class InferenceConfig(EntrypointConfig):
     """Address to bind: an IP address or a host name (a name must resolve when the server starts)."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     """Port to bind (0: any free port)."""
+    num_servers: Annotated[int, Field(ge=1)] = 1
+    """(rl) How many copies of this server rl starts for the policy (each on its own free port and share of inference_gpu_ids); the orchestrator spreads requests over them and updates all."""
     update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Longest a weight update waits for in-flight requests to finish (and requests wait for an update)."""
     api_key: ApiKey | None = Field(default=None, exclude=True)

@@ -59,7 +59,8 @@ from prime_rl.utils.net import listening_socket
 POLL_S = 0.25
 RUN_PARTS = (TRAINER, ORCHESTRATOR)  # what a checkpoint step of an rl run must hold to resume from
 TEACHER = "teacher"  # the teacher's server: its config and log file names
-SERVERS = ("inference", TEACHER)  # children that must never exit while the run goes on
+SERVERS = ("inference", TEACHER)  # children that must never exit while the run goes on (one policy server of
+# several, `inference_<i>`, may: the orchestrator drops it)
 
 
 class ComponentFailed(PrimeError):
@@ -204,14 +205,36 @@ def component_commands(config: RLConfig, base: Path | None = None) -> dict[str, 
         trainer = [python, *trainer_module]
     commands = {
         name: [python, "-m", "prime_rl.inference.server", "@", str(config_file(out, name))]
-        for name in SERVERS if name == "inference" or starts_teacher(config)
+        for name in [*policy_servers(config), *([TEACHER] if starts_teacher(config) else [])]
     }
     commands["orchestrator"] = [python, "-m", "prime_rl.orchestrator.orchestrator", "@",
                                 str(config_file(out, "orchestrator"))]
     commands["trainer"] = trainer
     here = config.deployment.components
     return {name: command for name, command in commands.items()
-            if name in here or (name == TEACHER and "inference" in here)}
+            if name in here or (is_server(name) and "inference" in here)}
+
+
+def split_devices(devices: str, count: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of each of `count` policy servers: `devices` (e.g. "0,1,2,3") in equal consecutive
+    shares; on CPU ("") every server gets ""."""
+    ids = [d for d in devices.split(",") if d]
+    if not ids:
+        return [""] * count
+    if len(ids) % count:
+        raise ConfigError(f"inference.num_servers = {count} does not divide the {len(ids)} inference GPU(s) "
+                          f"({devices}): give each server as many (deployment.inference_gpu_ids)")
+    share = len(ids) // count
+    return [",".join(ids[i * share:(i + 1) * share]) for i in range(count)]
+
+
+def policy_servers(config: RLConfig) -> list[str]:
+    """The policy's servers: `inference`, then `inference_1` ... for `inference.num_servers` > 1."""
+    return ["inference", *(f"inference_{i}" for i in range(1, config.inference.num_servers))]
+
+
+def is_server(name: str) -> bool:
+    return name in SERVERS or name.startswith("inference_")
 
 
 # Where each child reads the inference API key from: its config field as a PRIME_ variable.
@@ -286,6 +309,17 @@ class ProgressView:
             self.bar.stop()
 
 
+def spare_server(children: dict[str, Child], dead: Child) -> bool:
+    """Whether the run can go on without the policy server `dead` (another is running: the orchestrator drops the
+    dead one with a warning); says so once."""
+    others = [c for name, c in children.items() if name.startswith("inference") and c is not dead and c.running]
+    if others and not getattr(dead, "reported", False):
+        print(f"rl: warning: inference server {dead.name} exited ({dead.poll()}); {len(others)} left (see "
+              f"{dead.log_path})", file=sys.stderr)
+        dead.reported = True
+    return bool(others)
+
+
 def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail, run_dir: Path,
               max_steps: int) -> None:
     """Poll until the trainer and orchestrator here finish (a server-only rl of a split run: until the trainer
@@ -296,7 +330,9 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail,
         view.update(tail)
         for child in children.values():
             code = child.poll()
-            if code not in (None, 0) or (child.name in SERVERS and code is not None):
+            if code not in (None, 0) or (is_server(child.name) and code is not None):
+                if child.name.startswith("inference") and spare_server(children, child):
+                    continue
                 raise failure(child, run_dir)
         if workers and all(child.poll() == 0 for child in workers):
             return
@@ -322,6 +358,7 @@ def launch(config: RLConfig) -> None:
     doomed = prepare_output_dir(config) if owner else []
     resumed = pin_resume_step(config)
     inference_devices, trainer_devices = assign_devices(config)
+    server_devices = split_devices(inference_devices, config.inference.num_servers)
     if "inference" in here:
         config.inference.port = server_port(config.inference.host, config.inference.port
                                              if "port" in config.inference.model_fields_set else 0)
@@ -336,6 +373,12 @@ def launch(config: RLConfig) -> None:
 
     config.orchestrator.trainer_world_size = config.trainer.num_processes * config.deployment.trainer_nodes
     config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
+    servers = {"inference": config.inference}  # the policy's servers (more with inference.num_servers)
+    if "inference" in here:
+        for name in policy_servers(config)[1:]:
+            servers[name] = config.inference.model_copy(update={"port": server_port(config.inference.host, 0)})
+        urls = [f"http://{server.host}:{server.port}/v1" for server in servers.values()]
+        config.orchestrator.client.base_url = urls if len(urls) > 1 else urls[0]
 
     if teacher is not None:
         url = f"http://{teacher.host}:{teacher.port}/v1"
@@ -345,6 +388,8 @@ def launch(config: RLConfig) -> None:
     for name in COMPONENTS:
         if name in here:
             write_toml(config_file(base, name), getattr(config, name).model_dump(mode="json"))
+    for name, server in list(servers.items())[1:]:
+        write_toml(config_file(base, name), server.model_dump(mode="json"))
     # Without `overwrite`: running this file again must not delete the run it describes (nor find the URL of
     # the teacher server this run started, which would stop it from starting one).
     rl_toml = config.model_dump(mode="json", exclude={"overwrite"})
@@ -354,11 +399,11 @@ def launch(config: RLConfig) -> None:
         write_toml(config_file(config.output_dir, "rl"), rl_toml)
 
     commands = component_commands(config, base)
-    devices = {"inference": inference_devices, TEACHER: inference_devices, "orchestrator": "",
-               "trainer": trainer_devices}
+    devices = {TEACHER: inference_devices, "orchestrator": "", "trainer": trainer_devices,
+               **dict(zip(servers, server_devices, strict=True))}
     children = {
         name: Child(name, commands[name], log_file(base, name),
-                    child_env(devices[name], key_env.get(name)))
+                    child_env(devices[name], key_env.get(name, key_env["inference"] if is_server(name) else None)))
         for name in commands
     }
     signal.signal(signal.SIGTERM, _interrupt)
@@ -371,14 +416,14 @@ def launch(config: RLConfig) -> None:
         if resumed is not None:
             console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
         # The trainer needs nothing from the server: it starts (imports, loads the model) meanwhile.
-        for name in ("inference", TEACHER, "trainer"):
+        for name in (*servers, TEACHER, "trainer"):
             if name in children:
                 children[name].start()
-        servers = [(name, f"http://{server.host}:{server.port}/health", children[name])
-                   for name, server in (("inference", config.inference), (TEACHER, teacher)) if name in children]
+        waits = [(name, f"http://{server.host}:{server.port}/health", children[name])
+                 for name, server in (*servers.items(), (TEACHER, teacher)) if name in children]
         if "orchestrator" in children and "inference" not in children:  # a split run: the server runs elsewhere
-            servers.append(("inference", remote_health(config.orchestrator.client.base_url), None))
-        for name, health, child in servers:
+            waits += [("inference", remote_health(url), None) for url in config.orchestrator.client.urls]
+        for name, health, child in waits:
             console.print(f"waiting for the {name} server ({health}) ...")
             wait_for_health(health, child, config.deployment.startup_timeout_s, config.output_dir)
         if "orchestrator" in children:

@@ -142,6 +142,10 @@ class RLConfig(RunConfig):
         here = set(self.deployment.components)
         if not self.deployment.split:
             return
+        if self.inference.num_servers > 1:
+            raise ValueError("inference.num_servers > 1 is for one rl that runs everything; a split run's server node "
+                             "runs one server (start one rl per server node, and list their URLs in "
+                             "orchestrator.client.base_url)")
         if here not in ({"inference"}, {"orchestrator", "trainer"}):
             raise ValueError(f"deployment.components = {self.deployment.components}: a split run is one rl with "
                              "['inference'] (a server node) and one with ['orchestrator', 'trainer'] (both write the "

@@ -31,7 +31,12 @@ CONNECT_ATTEMPT_S = 10.0  # one TCP connect; failed ones are retried until conne
 
 
 class InferenceError(PrimeError):
-    """The inference server failed, answered badly, or could not be reached in time."""
+    """The inference server failed, answered badly, or could not be reached in time (`unreachable`: it did not
+    answer at all, so another server may; `orchestrator/servers.py`)."""
+
+    def __init__(self, message: str, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass
@@ -177,7 +182,7 @@ class InferenceClient:
                 if time.monotonic() + delay > deadline:
                     raise InferenceError(
                         f"inference server at {self.root} unreachable for {self.config.connect_timeout_s:g}s "
-                        f"({type(exc).__name__}: {exc})"
+                        f"({type(exc).__name__}: {exc})", unreachable=True
                     ) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -198,7 +203,8 @@ class InferenceClient:
         return data
 
     def _timeout(self, url: str) -> InferenceError:
-        return InferenceError(f"inference server at {self.root} did not answer {url} within {self.config.timeout_s:g}s")
+        return InferenceError(f"inference server at {self.root} did not answer {url} within {self.config.timeout_s:g}s",
+                              unreachable=True)
 
     async def wait_ready(self) -> str:
         """Wait (up to connect_timeout_s) until the server lists its model; return the model id."""

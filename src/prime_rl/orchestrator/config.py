@@ -24,8 +24,11 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 class ClientConfig(BaseConfig):
     """How the orchestrator talks to the inference server."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
-    """OpenAI API root of the inference server (the `rl` launcher sets it)."""
+    base_url: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = "http://127.0.0.1:8000/v1"
+    """OpenAI API root of the inference server, or a list of several servers' (requests go to the least busy; a
+    dead one is dropped with a warning: orchestrator/servers.py). The `rl` launcher sets it."""
+    pool_connect_timeout_s: PositiveFloat = 5.0
+    """With several servers: how long one may stay unreachable before it is dropped (one server: connect_timeout_s)."""
     timeout_s: PositiveFloat = 600.0
     """Longest one request (or weight update) may take before the run fails."""
     connect_timeout_s: PositiveFloat = 60.0
@@ -34,6 +37,12 @@ class ClientConfig(BaseConfig):
     """Most requests in flight at once (each asks for rollouts_per_example completions)."""
     api_key: ApiKey | None = Field(default=None, exclude=True)
     """The inference server's API key, sent as Authorization: Bearer <key>; set it as PRIME_CLIENT__API_KEY (rl hands it down). Never printed or written to configs/."""
+
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server's OpenAI API root."""
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
 class EnvConfig(BaseConfig):

@@ -42,6 +42,7 @@ from prime_rl.orchestrator.continuous import ContinuousRollouts
 from prime_rl.orchestrator.conversation import ConversationRunner
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
+from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.orchestrator.teacher import Teacher
 from prime_rl.orchestrator.weight_sync import WeightSync
 from prime_rl.run_dir import resolve_resume_step, rollouts_root
@@ -63,7 +64,7 @@ def rewards_tensor(groups: list[Group], n: int) -> torch.Tensor:
 
 
 class Orchestrator:
-    def __init__(self, config: OrchestratorConfig, client: InferenceClient, state: OrchestratorState,
+    def __init__(self, config: OrchestratorConfig, client: InferenceClient | ServerPool, state: OrchestratorState,
                  teacher: Teacher | None = None):
         self.config = config
         self.client = client
@@ -187,6 +188,8 @@ class Orchestrator:
             "perf/inference_tokens_per_s": self.generated_tokens / max(self.generation_s, 1e-9),
             "perf/step_time_s": time.monotonic() - start,
         }
+        if isinstance(self.client, ServerPool) and len(self.client.clients) > 1:
+            metrics |= self.client.step_metrics()
         if not self.continuous:  # in step mode requests are in flight only while a batch is generated
             metrics["async/inference_idle_frac"] = max(0.0, 1 - self.generation_s / metrics["perf/step_time_s"])
         return metrics
@@ -223,9 +226,9 @@ async def run(config: OrchestratorConfig) -> None:
     monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config.model_dump(mode="json"),
                       console_keys=CONSOLE_KEYS, resume_step=resume)
     try:
-        async with InferenceClient(config.client) as client, contextlib.AsyncExitStack() as stack:
+        async with ServerPool(config.client) as client, contextlib.AsyncExitStack() as stack:
             model = await client.wait_ready()
-            log.info(f"inference server {client.root} serves {model}")
+            log.info(f"inference server(s) {client.root} serve {model}")
             teacher = None
             if config.teacher is not None:
                 teacher = await stack.enter_async_context(Teacher(config.teacher, config.client))

@@ -1,0 +1,128 @@
+"""`ServerPool` (orchestrator/servers.py) over stand-in servers: requests spread by outstanding count, an
+unreachable server is dropped with a warning and its request retried elsewhere, an answered error is not,
+weight updates go to every server, and no server left is one error."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from prime_rl.orchestrator.client import ChatResult, InferenceError
+from prime_rl.orchestrator.config import ClientConfig
+from prime_rl.orchestrator.servers import ServerPool
+
+
+class FakeServer:
+    """Stands in for one InferenceClient: answers after `delay`, or fails as told."""
+
+    def __init__(self, name: str, delay: float = 0.01, fail: str | None = None, step: int = 0):
+        self.root, self.delay, self.fail, self.step = name, delay, fail, step
+        self.chats, self.updates = 0, []
+        self.context_len = None
+
+    async def _answer(self):
+        await asyncio.sleep(self.delay)
+        if self.fail == "unreachable":
+            raise InferenceError(f"inference server at {self.root} unreachable for 5s", unreachable=True)
+        if self.fail == "400":
+            raise InferenceError(f"inference server answered 400: bad request ({self.root})")
+
+    async def chat(self, *args, **kwargs):
+        await self._answer()
+        self.chats += 1
+        return ChatResult([1], self.step, [])
+
+    async def served_step(self):
+        await self._answer()
+        return self.step
+
+    async def update_weights(self, path, step, in_flight=False):
+        await self._answer()
+        self.updates.append(step)
+        self.step = step
+        return step
+
+    async def wait_ready(self):
+        await self._answer()
+        return "tiny"
+
+
+def pool_of(*servers: FakeServer) -> ServerPool:
+    pool = ServerPool(ClientConfig(base_url=[f"http://127.0.0.1:{9000 + i}/v1" for i in range(len(servers))]))
+    pool.clients, pool.live = list(servers), list(servers)
+    pool.outstanding = {id(s): 0 for s in servers}
+    pool.answered = {id(s): 0 for s in servers}
+    return pool
+
+
+def chats(pool: ServerPool, count: int):
+    return asyncio.run(_gather(pool, count))
+
+
+async def _gather(pool, count):
+    return await asyncio.gather(*(pool.chat([], 1, None, 1) for _ in range(count)))
+
+
+def test_requests_spread_over_the_servers_by_outstanding_requests():
+    a, b = FakeServer("a"), FakeServer("b")
+    pool = pool_of(a, b)
+    chats(pool, 10)
+    assert (a.chats, b.chats) == (5, 5)
+    assert pool.step_metrics() == {"rollout/servers_live": 2.0, "rollout/server_share_max": 0.5}
+    slow, fast = FakeServer("slow", delay=0.2), FakeServer("fast", delay=0.001)
+    pool = pool_of(slow, fast)
+    async def one_by_one():
+        first = asyncio.ensure_future(pool.chat([], 1, None, 1))  # occupies `slow`
+        await asyncio.sleep(0)
+        for _ in range(5):
+            await pool.chat([], 1, None, 1)  # `slow` is busy: all go to `fast`
+        await first
+    asyncio.run(one_by_one())
+    assert (slow.chats, fast.chats) == (1, 5)
+
+
+def test_an_unreachable_server_is_dropped_with_a_warning_and_its_request_retried(caplog):
+    dead, alive = FakeServer("dead", fail="unreachable"), FakeServer("alive")
+    pool = pool_of(dead, alive)
+    with caplog.at_level(logging.WARNING):
+        results = chats(pool, 6)
+    assert len(results) == 6 and alive.chats == 6 and pool.live == [alive]
+    assert "inference server dead dropped" in caplog.text and "1 of 2 left" in caplog.text
+    assert pool.step_metrics()["rollout/servers_live"] == 1.0
+
+
+def test_an_answered_error_is_the_requests_not_the_servers():
+    bad, good = FakeServer("bad", fail="400"), FakeServer("good")
+    pool = pool_of(bad, good)
+    with pytest.raises(InferenceError, match="400"):
+        chats(pool, 2)
+    assert pool.live == [bad, good]
+
+
+def test_no_server_left_is_one_error():
+    pool = pool_of(FakeServer("a", fail="unreachable"), FakeServer("b", fail="unreachable"))
+    with pytest.raises(InferenceError, match="no inference server left") as caught:
+        chats(pool, 1)
+    assert "\n" not in str(caught.value)
+
+
+def test_weight_updates_go_to_every_live_server_and_report_the_lowest_step():
+    a, b, dead = FakeServer("a"), FakeServer("b", step=2), FakeServer("dead", fail="unreachable")
+    pool = pool_of(a, b, dead)
+    assert asyncio.run(pool.served_step()) == 0 and pool.live == [a, b]  # the dead one dropped on the way
+    assert asyncio.run(pool.update_weights("/w/step_3", 3)) == 3
+    assert a.updates == b.updates == [3]
+    assert asyncio.run(pool.wait_ready()) == "tiny"
+
+
+def test_one_url_is_a_plain_client_and_a_list_is_a_pool_config():
+    assert ClientConfig().urls == ["http://127.0.0.1:8000/v1"]
+    assert ClientConfig(base_url=["http://a:1/v1", "http://b:2/v1"]).urls == ["http://a:1/v1", "http://b:2/v1"]
+    with pytest.raises(ValueError):
+        ClientConfig(base_url=[])
+    single = ServerPool(ClientConfig(connect_timeout_s=60))
+    assert single.clients[0].config.connect_timeout_s == 60  # the only server is waited for as before
+    several = ServerPool(ClientConfig(base_url=["http://a:1/v1", "http://b:2/v1"], connect_timeout_s=60))
+    assert [c.config.connect_timeout_s for c in several.clients] == [5.0, 5.0]
