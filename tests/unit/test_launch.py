@@ -149,3 +149,26 @@ def test_progress_of_a_resumed_run_starts_at_the_resume_step(tmp_path):
     tail.poll()
     view.update(tail)
     assert out.getvalue().startswith("step 4/6")
+
+
+@pytest.mark.parametrize("on_gpu, extra, builtin, vllm", [
+    (False, [], "float32", "float32"),
+    (True, [], "bfloat16", "bfloat16"),  # the trainer computes in bf16 mixed precision there
+    (True, ["--trainer.runtime.dtype", "float32"], "float32", "float32"),
+    (True, ["--inference.builtin.dtype", "float16", "--inference.vllm.dtype", "half"], "float16", "half"),  # the user's
+])
+def test_inference_computes_in_the_trainers_dtype_unless_set(tmp_path, on_gpu, extra, builtin, vllm):
+    from prime_rl.launch.rl import match_inference_dtype
+
+    config = rl_config(tmp_path, *extra)
+    match_inference_dtype(config, trainer_on_gpu=on_gpu)
+    assert (config.inference.builtin.dtype, config.inference.vllm.dtype) == (builtin, vllm)
+
+
+def test_policy_servers_get_equal_gpu_shares(tmp_path):
+    from prime_rl.launch.rl import split_devices
+
+    assert split_devices("", 3) == ["", "", ""]
+    assert split_devices("0,1,2,3", 2) == ["0,1", "2,3"]
+    with pytest.raises(ConfigError, match="num_servers = 3 does not divide the 4 inference GPU"):
+        split_devices("0,1,2,3", 3)

@@ -32,7 +32,7 @@ class BuiltinConfig(BaseConfig):
     device: str = "auto"
     """Torch device ('auto': cuda:0 when a GPU is present, else cpu)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights and compute dtype (float32 makes logprobs match the trainer's on CPU)."""
+    """Weights and compute dtype (rl sets the trainer's compute dtype unless given: float32 on CPU, bfloat16 for a bf16 trainer on GPU, so on-policy logprobs match)."""
     max_batch_size: Annotated[int, Field(gt=0)] = 64
     """Most sequences decoded together; further requests wait for a free slot."""
     threads: Annotated[int, Field(gt=0)] | None = 1
@@ -56,7 +56,7 @@ class VLLMConfig(BaseConfig):
     enforce_eager: bool = False
     """Skip CUDA graphs / compilation (vLLM --enforce-eager): faster start, slower decode."""
     dtype: str = "auto"
-    """Model dtype (vLLM --dtype)."""
+    """Model dtype (vLLM --dtype); rl sets the trainer's compute dtype unless given (bfloat16 for a bf16 trainer on GPU)."""
     max_lora_rank: Annotated[int, Field(ge=1, le=512)] | None = None
     """Serve LoRA adapter updates up to this rank (vLLM --enable-lora --max-lora-rank, rounded up to a rank vLLM accepts); none: full-weight updates only. rl sets it to trainer.lora.rank when the trainer publishes adapters."""
     tool_call_parser: Annotated[str, Field(min_length=1)] | None = None

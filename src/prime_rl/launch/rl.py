@@ -130,6 +130,18 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
     return ",".join(map(str, inference)), ",".join(map(str, trainer))
 
 
+def match_inference_dtype(config: RLConfig, trainer_on_gpu: bool) -> None:
+    """The inference servers compute in the trainer's compute dtype unless set: bfloat16 where the trainer runs
+    on GPUs in bf16 mixed precision (`runtime.dtype` auto or bfloat16), float32 otherwise, so that on-policy
+    logprobs agree (ratio 1 at max_async_level 0) on GPU as on CPU."""
+    bf16 = trainer_on_gpu and config.trainer.runtime.dtype in ("auto", "bfloat16")
+    dtype = "bfloat16" if bf16 else "float32"
+    if "dtype" not in config.inference.builtin.model_fields_set:
+        config.inference.builtin.dtype = dtype
+    if "dtype" not in config.inference.vllm.model_fields_set:
+        config.inference.vllm.dtype = dtype
+
+
 def wait_for_health(url: str, child: Child | None, timeout_s: float, run_dir: Path) -> None:
     """Until `url` answers 200: `child` is the local server (its death is a failure), None for a remote one."""
     deadline = time.monotonic() + timeout_s
@@ -359,6 +371,7 @@ def launch(config: RLConfig) -> None:
     resumed = pin_resume_step(config)
     inference_devices, trainer_devices = assign_devices(config)
     server_devices = split_devices(inference_devices, config.inference.num_servers)
+    match_inference_dtype(config, bool(trainer_devices))
     if "inference" in here:
         config.inference.port = server_port(config.inference.host, config.inference.port
                                              if "port" in config.inference.model_fields_set else 0)
