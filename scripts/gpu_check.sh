@@ -6,7 +6,8 @@
 #
 # What runs (each its own log; a summary at the end; exit 1 if any failed):
 #   gpu-tests     pytest -m gpu: the trainer in bf16 under FSDP2 (NCCL), the builtin engine on CUDA,
-#                 flash-attention's packed layout against sdpa (tests/integration/test_gpu.py)
+#                 flash-attention's packed layout against sdpa, the weight transfer over NCCL (2 GPUs)
+#                 (tests/integration/test_gpu.py)
 #   vllm-tests    pytest -k vllm: the vLLM backend's logprobs against the trainer's, adapters, the teacher
 #                 (only where vllm is installed; SKIP otherwise)
 #   trainer-0.5b  benchmarks/trainer.py --preset 0.5b: tokens/s and MFU of the trainer step (a ~0.6B Qwen3)
@@ -18,6 +19,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 read -r -a python <<< "${PYTHON:-uv run python}"
 
+if ! "${python[@]}" -c "import torch" 2>/dev/null; then
+    echo "gpu_check: cannot import torch with ${python[*]} (set PYTHON, or run uv sync)" >&2
+    exit 1
+fi
 if ! "${python[@]}" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo "gpu_check: no CUDA device visible here: nothing to check (the gpu tests are skipped in the normal suite)"
     exit 0

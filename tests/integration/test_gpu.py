@@ -83,3 +83,37 @@ def test_flash_attention_layout_matches_sdpa_on_shared_prompts(tiny_model_dir):
         (lp, _), = compute_rows_logprobs(net, rows)
         results[attn] = lp[mb.loss_mask.cuda()]
     torch.testing.assert_close(results["flash_attention_2"], results["sdpa"], atol=2e-2, rtol=0)  # bf16 kernels
+
+
+def _nccl_receiver(address: str, queue) -> None:  # pragma: no cover - a GPU child process
+    from prime_rl.utils.weight_transfer import open_group, receive
+
+    torch.cuda.set_device(1)
+    group = open_group(address, 1, 2, 120, torch.device("cuda", 1))
+    step, tensors = receive(group, torch.device("cuda", 1))
+    queue.put((step, {name: t.cpu() for name, t in tensors.items()}))
+
+
+def test_weight_transfer_over_nccl_is_bitwise():
+    """The transfer group on NCCL (two GPUs: the trainer's side on cuda:0, a server's on cuda:1)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices (one per side of the transfer group)")
+    import multiprocessing as mp
+    import socket
+
+    from prime_rl.utils.weight_transfer import open_group, send
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_nccl_receiver, args=(address, queue))
+    child.start()
+    torch.cuda.set_device(0)
+    tensors = {"a": torch.randn(1000, 64, device="cuda"), "b": torch.randn(300, device="cuda").bfloat16()}
+    group = open_group(address, 0, 2, 120, torch.device("cuda", 0))
+    send(group, 7, tensors, torch.device("cuda", 0), bucket_bytes=100_000)
+    step, received = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert step == 7 and all(torch.equal(received[k], v.cpu()) for k, v in tensors.items())

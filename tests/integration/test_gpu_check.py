@@ -26,4 +26,11 @@ def test_the_gpu_tests_are_collected_and_skipped_without_cuda():
                              str(ROOT / "tests" / "integration" / "test_gpu.py")],
                             capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:]
-    assert "3 skipped" in result.stdout and "passed" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+    assert "4 skipped" in result.stdout and "passed" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+
+
+def test_gpu_check_without_a_working_python_is_an_error_not_a_skip(tmp_path):
+    env = os.environ | {"PYTHON": str(tmp_path / "no-python"), "GPU_CHECK_DIR": str(tmp_path / "g")}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 1 and "cannot import torch" in result.stderr, result.stdout + result.stderr

@@ -172,3 +172,33 @@ def test_policy_servers_get_equal_gpu_shares(tmp_path):
     assert split_devices("0,1,2,3", 2) == ["0,1", "2,3"]
     with pytest.raises(ConfigError, match="num_servers = 3 does not divide the 4 inference GPU"):
         split_devices("0,1,2,3", 3)
+
+
+def test_a_fresh_dir_holding_only_a_server_nodes_or_slurm_files_may_be_overwritten(tmp_path):
+    config = rl_config(tmp_path, "--overwrite")
+    (tmp_path / "run" / "nodes" / "node0").mkdir(parents=True)
+    (tmp_path / "run" / "slurm-job").mkdir()
+    assert prepare_output_dir(config) == []  # nothing of a run there: a fresh run, and those stay
+
+
+def test_metrics_tail_skips_older_records_and_follows_a_replaced_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 9, "source": "trainer", "time": 100.0, "perf/step_time_s": 1.0}) + "\n")
+    tail = MetricsTail(path, since=200.0)
+    tail.poll()
+    assert tail.last("trainer", "perf/step_time_s") is None  # an earlier run's last step is not this run's
+    path.rename(tmp_path / "old.jsonl")  # --overwrite elsewhere: the file goes, a new one comes
+    path.write_text(json.dumps({"step": 0, "source": "trainer", "time": 300.0, "perf/step_time_s": 2.0}) + "\n")
+    tail.poll()
+    assert tail.last("trainer", "perf/step_time_s") == (0, 2.0)
+
+
+def test_a_split_node_checks_only_the_gpus_of_what_it_starts(tmp_path, monkeypatch):
+    from prime_rl.launch.rl import assign_devices
+
+    monkeypatch.setenv("PRIME_INFERENCE__API_KEY", "k" * 32)
+    server_node = rl_config(tmp_path, "--deployment.components", '["inference"]', "--inference.port", "8000",
+                            "--deployment.trainer-gpu-ids", "[7]")
+    assert assign_devices(server_node) == ("", "")  # no GPU here; the trainer's ids belong to another node
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        assign_devices(rl_config(tmp_path, "--deployment.inference-gpu-ids", "[0]"))

@@ -111,7 +111,7 @@ def test_no_server_left_is_one_error():
 def test_weight_updates_go_to_every_live_server_and_report_the_lowest_step():
     a, b, dead = FakeServer("a"), FakeServer("b", step=2), FakeServer("dead", fail="unreachable")
     pool = pool_of(a, b, dead)
-    assert asyncio.run(pool.served_step()) == 0 and pool.live == [a, b]  # the dead one dropped on the way
+    assert asyncio.run(pool.served_steps()) == [0, 2] and pool.live == [a, b]  # the dead one dropped on the way
     assert asyncio.run(pool.update_weights("/w/step_3", 3)) == 3
     assert a.updates == b.updates == [3]
     assert asyncio.run(pool.wait_ready()) == "tiny"
@@ -126,3 +126,24 @@ def test_one_url_is_a_plain_client_and_a_list_is_a_pool_config():
     assert single.clients[0].config.connect_timeout_s == 60  # the only server is waited for as before
     several = ServerPool(ClientConfig(base_url=["http://a:1/v1", "http://b:2/v1"], connect_timeout_s=60))
     assert [c.config.connect_timeout_s for c in several.clients] == [5.0, 5.0]
+
+
+def test_servers_at_different_steps_at_start_are_all_reloaded(tmp_path):
+    """A fresh server at 0 beside a leftover at step 40 (another run's): the leftover must not be hidden."""
+    from prime_rl.orchestrator.weight_sync import WeightSync
+
+    fresh, leftover = FakeServer("fresh", step=0), FakeServer("leftover", step=40)
+    sync = WeightSync(pool_of(fresh, leftover), tmp_path, max_async_level=1, timeout_s=5)
+    asyncio.run(sync.align("/the/initial/model"))
+    assert fresh.updates == leftover.updates == [0] and sync.served_step == 0
+    agreeing = pool_of(FakeServer("a", step=0), FakeServer("b", step=0))
+    asyncio.run(WeightSync(agreeing, tmp_path, max_async_level=1, timeout_s=5).align("/m"))
+    assert [s.updates for s in agreeing.clients] == [[], []]  # nothing to reload
+
+
+def test_every_server_dropped_is_one_error_for_updates_too():
+    pool = pool_of(FakeServer("a", fail="unreachable"), FakeServer("b", fail="unreachable"))
+    with pytest.raises(InferenceError, match="no inference server left"):
+        asyncio.run(pool.update_weights("/w/step_1", 1))
+    with pytest.raises(InferenceError, match="no inference server left \\(all 2 were dropped\\)"):
+        asyncio.run(pool.served_steps())

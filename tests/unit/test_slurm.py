@@ -81,3 +81,21 @@ def test_bad_slurm_values_are_config_errors(flag, value, capsys):
 def test_a_trainer_across_nodes_needs_the_rendezvous():
     with pytest.raises(Exception, match="trainer_nodes > 1 needs deployment.rdzv_endpoint"):
         RLConfig.build([], {"deployment": {"trainer_nodes": 2}})
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--inference.num-servers", "2"], "set inference.num_servers = 1"),
+    (["--weight-transfer.mode", "distributed"], "weight_transfer.mode = 'filesystem'"),
+])
+def test_what_the_nodes_would_refuse_is_refused_before_a_script_is_written(tmp_path, extra, words):
+    from prime_rl.utils.errors import ConfigError
+
+    config = parse_config(RLConfig, ["--output-dir", str(tmp_path / "run"), "--slurm.nodes", "2", *extra])
+    with pytest.raises(ConfigError, match=words):
+        launch(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_jobs_config_never_overwrites(tmp_path):
+    rendered(tmp_path, 1, "--overwrite")
+    assert "overwrite" not in (tmp_path / "run" / "slurm-job" / "rl.toml").read_text()

@@ -81,3 +81,20 @@ class RunConfig(EntrypointConfig):
 
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """W&B logging."""
+
+
+class WeightTransferConfig(BaseConfig):
+    """How weight updates reach the inference servers (`rl` sets everything but `mode` and `timeout_s`)."""
+
+    mode: Literal["filesystem", "distributed"] = "filesystem"
+    """filesystem: the trainer writes weights/step_N and each server loads it; distributed: the trainer's rank 0
+    broadcasts them to every server over a torch.distributed group (gloo on CPU, NCCL on GPU) and writes only a
+    marker weights/step_N/transfer.json (docs/inference.md#weight-transfer-over-torchdistributed)."""
+    address: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+:[0-9]+$")] | None = None
+    """host:port of the group's store, on the trainer's rank 0 (rl: a free port on 127.0.0.1)."""
+    servers: Annotated[int, Field(ge=1)] = 1
+    """Inference servers in the group (rl: inference.num_servers); the group has servers + 1 ranks."""
+    rank: Annotated[int, Field(ge=0)] = 0
+    """This process's rank in the group: 0 the trainer, 1..servers the inference servers (rl sets each)."""
+    timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Longest the group's setup or one broadcast may take."""

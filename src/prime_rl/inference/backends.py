@@ -53,8 +53,14 @@ def serve_builtin(config: InferenceConfig) -> None:
     engine = Engine(config.model.path, context_len=config.seq_len, seed=config.seed, device=b.device, dtype=b.dtype,
                     max_batch_size=b.max_batch_size, trust_remote_code=config.model.trust_remote_code,
                     threads=b.threads)
+    receiver = None
+    if config.weight_transfer.mode == "distributed":  # the trainer's broadcasts (inference/transfer.py)
+        from prime_rl.inference.transfer import TransferReceiver
+
+        receiver = TransferReceiver(config.weight_transfer, engine)
     # Loaded from `model.path` (an embedded default resolves to its directory); served as `model.name`.
-    app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s), policy)
+    app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s), policy,
+                     receiver)
     host, port = sock.getsockname()[:2]
     log.info(f"builtin backend: {config.model.name} on {engine.device}, context {engine.context_len}; "
              f"serving on http://{host}:{port}")

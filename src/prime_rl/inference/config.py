@@ -10,7 +10,7 @@ from pydantic import Field
 
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.registry import Registry
-from prime_rl.configs.shared import ModelConfig
+from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.validators import ApiKey, Host
 from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
 
@@ -91,6 +91,8 @@ class InferenceConfig(EntrypointConfig):
     """Address to bind: an IP address or a host name (a name must resolve when the server starts)."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     """Port to bind (0: any free port)."""
+    weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
+    """How weight updates arrive (rl hands it down): from weight directories, or also over a torch.distributed group from the trainer (builtin backend)."""
     num_servers: Annotated[int, Field(ge=1)] = 1
     """(rl) How many copies of this server rl starts for the policy (each on its own free port and share of inference_gpu_ids); the orchestrator spreads requests over them and updates all."""
     update_timeout_s: Annotated[float, Field(gt=0)] = 600.0

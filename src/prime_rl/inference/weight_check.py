@@ -189,8 +189,24 @@ def verify_weight_dir(path: str | Path, reference: Reference | None, keep: bool)
         raise
     except Exception as exc:
         raise UserError(f"cannot read the weights in {path}: {exc}") from None
-    for group in reference.tied if reference is not None and keep else ():
+    if keep:
+        check_tied(path, tensors, reference)
+    return tensors
+
+
+def check_tied(source: str | Path, tensors: dict[str, torch.Tensor], reference: Reference | None) -> None:
+    """Tied names present together must hold equal values."""
+    for group in reference.tied if reference is not None else ():
         values = [tensors[name] for name in sorted(group) if name in tensors]
         if any(not torch.equal(values[0], other) for other in values[1:]):
-            raise UserError(f"weights in {path}: tied tensors {' and '.join(sorted(group))} differ")
-    return tensors
+            raise UserError(f"weights in {source}: tied tensors {' and '.join(sorted(group))} differ")
+
+
+def verify_tensors(source: str, tensors: dict[str, torch.Tensor], reference: Reference) -> None:
+    """The checks of `verify_weight_dir` on tensors that came another way (the weight transfer): names, shapes and
+    dtypes against the reference, finite values, tied tensors equal."""
+    specs = {name: TensorSpec(tuple(t.shape), TORCH_DTYPES.get(t.dtype, str(t.dtype))) for name, t in tensors.items()}
+    check_specs(source, specs, reference)
+    for name, tensor in tensors.items():
+        check_finite(source, name, tensor)
+    check_tied(source, tensors, reference)

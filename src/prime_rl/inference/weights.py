@@ -19,6 +19,7 @@ from pathlib import Path
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import step_number
 from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from prime_rl.utils.weight_transfer import MARKER, is_marker_dir
 
 
 class WeightPathForbidden(UserError):
@@ -72,8 +73,9 @@ def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) 
     """Validate a weight directory; return its resolved path and its weight step.
 
     The directory must resolve under one of `roots` (else `WeightPathForbidden`), exist
-    and hold `config.json` and `*.safetensors` (full weights) or `adapter_config.json` and
-    `adapter_model.safetensors` (a LoRA adapter), all regular files resolving under `roots` too. The step is `step` when given, else parsed
+    and hold `config.json` and `*.safetensors` (full weights), `adapter_config.json` and
+    `adapter_model.safetensors` (a LoRA adapter), or `transfer.json` (a marker: the weights came over the
+    transfer group), all regular files resolving under `roots` too. The step is `step` when given, else parsed
     from the resolved directory's name `step_N`. Other problems raise `UserError`.
     """
     real = resolve_allowed(path, roots)
@@ -82,7 +84,9 @@ def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) 
             raise UserError(f"weight path {path} does not exist")
         if not real.is_dir():
             raise UserError(f"weight path {path} is not a directory")
-        if os.path.lexists(real / ADAPTER_CONFIG):  # a LoRA adapter (inference/adapter_check.py)
+        if is_marker_dir(real):  # weights that came over the transfer group (inference/transfer.py)
+            weight_file(real / MARKER, roots)
+        elif os.path.lexists(real / ADAPTER_CONFIG):  # a LoRA adapter (inference/adapter_check.py)
             for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
                 if not os.path.lexists(real / name):
                     raise UserError(f"weight path {path} is an adapter directory without {name}")

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from prime_rl.run_dir import MARKER, RUN_ARTIFACTS
+from prime_rl.run_dir import MARKER, NODES, RUN_ARTIFACTS, SLURM
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.fs import atomic_write_text
 
@@ -59,7 +59,7 @@ def plan(out: Path, overwrite: bool, resuming: bool) -> list[Path]:
             )
         return []
     if MARKER not in entries:
-        if not entries:
+        if not entries - {NODES, SLURM}:  # only what a server node's rl or `rl --slurm.nodes` put there
             return []
         raise ConfigError(
             f"--overwrite deletes only what an rl run wrote, and {out} has no {MARKER} marker of one "

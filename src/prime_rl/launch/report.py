@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +25,16 @@ class MetricsTail:
     path: Path
     offset: int = 0
     series: dict[tuple[str, str], dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
+    since: float = 0.0  # ignore records written before this time (a split run's server node: not an old run's)
+    inode: int | None = None  # of the file read so far
 
     def poll(self) -> None:
         try:
             with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if stat.st_ino != self.inode or stat.st_size < self.offset:  # new, or replaced (--overwrite elsewhere)
+                    self.inode, self.offset = stat.st_ino, 0
+                    self.series.clear()
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:
@@ -40,8 +47,8 @@ class MetricsTail:
             except json.JSONDecodeError:
                 continue
             source, step = record.pop("source", "?"), record.pop("step", None)
-            record.pop("time", None)
-            if step is None:
+            written = record.pop("time", None)
+            if step is None or (isinstance(written, int | float) and written < self.since):
                 continue
             for key, value in record.items():
                 if isinstance(value, int | float):

@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prime_rl.configs.cli import run_main
+from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.inference.config import InferenceConfig
 from prime_rl.launch import output_dir, slurm
@@ -110,11 +111,14 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
 
     count = torch.cuda.device_count()
     deployment = config.deployment
+    here = deployment.components  # a split run's node checks only what it starts
+    wanted = [ids for ids, name in ((deployment.inference_gpu_ids, "inference"), (deployment.trainer_gpu_ids, "trainer"))
+              if name in here]
     if count == 0:
-        if deployment.inference_gpu_ids or deployment.trainer_gpu_ids:
+        if any(wanted):
             raise ConfigError("deployment GPU ids are set but no CUDA device is visible")
         return "", ""
-    for ids in (deployment.inference_gpu_ids, deployment.trainer_gpu_ids):
+    for ids in wanted:
         bad = [i for i in ids if not 0 <= i < count]
         if bad:
             raise ConfigError(f"deployment GPU ids {bad} do not exist (this machine has {count} GPU(s))")
@@ -122,7 +126,7 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
     trainer = deployment.trainer_gpu_ids or ([max(inference) + 1] if max(inference) + 1 < count else inference)
     if not deployment.trainer_gpu_ids and "inference" not in deployment.components:  # a trainer node: every GPU
         trainer = list(range(count))
-    if config.trainer.num_processes > len(trainer):
+    if "trainer" in here and config.trainer.num_processes > len(trainer):
         raise ConfigError(
             f"trainer.num_processes = {config.trainer.num_processes} needs as many trainer GPUs, "
             f"got deployment.trainer_gpu_ids = {trainer}"
@@ -183,12 +187,13 @@ def starts_teacher(config: RLConfig) -> bool:
 
 def teacher_server(config: RLConfig, port: int) -> InferenceConfig:
     """The teacher server's config: inference's, with the teacher's model and backend, its own port, no weight
-    updates, and one token more context than seq_len (a scoring request generates one)."""
+    updates (none from directories, none over the transfer group), one server, and one token more context than
+    seq_len (a scoring request generates one)."""
     teacher = config.teacher
     vllm = config.inference.vllm.model_copy(update={"max_model_len": None, "max_lora_rank": None})
     return config.inference.model_copy(deep=True, update={
         "model": teacher.model, "backend": teacher.backend, "port": port, "seq_len": config.seq_len + 1,
-        "weight_dirs": [], "vllm": vllm})
+        "weight_dirs": [], "vllm": vllm, "weight_transfer": WeightTransferConfig(), "num_servers": 1})
 
 
 def trainer_rendezvous(config: RLConfig) -> list[str]:
@@ -372,10 +377,21 @@ def launch(config: RLConfig) -> None:
     inference_devices, trainer_devices = assign_devices(config)
     server_devices = split_devices(inference_devices, config.inference.num_servers)
     match_inference_dtype(config, bool(trainer_devices))
+    config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
+    servers = {"inference": config.inference}  # the policy's servers (more with inference.num_servers)
     if "inference" in here:
         config.inference.port = server_port(config.inference.host, config.inference.port
                                              if "port" in config.inference.model_fields_set else 0)
-        config.orchestrator.client.base_url = f"http://{config.inference.host}:{config.inference.port}/v1"
+        for name in policy_servers(config)[1:]:
+            servers[name] = config.inference.model_copy(update={"port": server_port(config.inference.host, 0)})
+        urls = [f"http://{server.host}:{server.port}/v1" for server in servers.values()]
+        config.orchestrator.client.base_url = urls if len(urls) > 1 else urls[0]
+    if config.weight_transfer.mode == "distributed":  # one group: the trainer's rank 0, then every server
+        transfer = config.weight_transfer.model_copy(update={
+            "address": f"127.0.0.1:{server_port('127.0.0.1', 0)}", "servers": len(servers)})
+        config.trainer.weight_transfer = transfer
+        for rank, server in enumerate(servers.values(), start=1):
+            server.weight_transfer = transfer.model_copy(update={"rank": rank})
     teacher = teacher_server(config, server_port(config.inference.host, 0)) if starts_teacher(config) else None
     output_dir.check_writable(config.output_dir)
     if owner:
@@ -385,13 +401,6 @@ def launch(config: RLConfig) -> None:
         output_dir.mark(config.output_dir, config.command)
 
     config.orchestrator.trainer_world_size = config.trainer.num_processes * config.deployment.trainer_nodes
-    config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
-    servers = {"inference": config.inference}  # the policy's servers (more with inference.num_servers)
-    if "inference" in here:
-        for name in policy_servers(config)[1:]:
-            servers[name] = config.inference.model_copy(update={"port": server_port(config.inference.host, 0)})
-        urls = [f"http://{server.host}:{server.port}/v1" for server in servers.values()]
-        config.orchestrator.client.base_url = urls if len(urls) > 1 else urls[0]
 
     if teacher is not None:
         url = f"http://{teacher.host}:{teacher.port}/v1"
@@ -421,7 +430,8 @@ def launch(config: RLConfig) -> None:
     }
     signal.signal(signal.SIGTERM, _interrupt)
 
-    tail = MetricsTail(metrics_file(config.output_dir))
+    # A server node reads the trainer's progress from the shared file: only what this run writes from now on.
+    tail = MetricsTail(metrics_file(config.output_dir), since=0.0 if owner else time.time())
     view = None
     interrupted = False
     try:
@@ -457,6 +467,9 @@ def launch(config: RLConfig) -> None:
                       f"(output dir {config.output_dir})")
         raise SystemExit(130)
 
+    if not owner:  # the trainer node's rl writes the plot and the summary
+        console.print("the trainer logged its last step: the server node is done")
+        return
     tail.poll()
     plot = write_plot(tail, metrics_plot(config.output_dir))
     for line in summary_lines(tail, time.monotonic() - start, config.output_dir):

@@ -17,13 +17,13 @@ from pydantic import BaseModel, Field, field_validator
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
-from prime_rl.configs.shared import CkptConfig, RunConfig
+from prime_rl.configs.shared import CkptConfig, RunConfig, WeightTransferConfig
 from prime_rl.inference.config import InferenceConfig, resolved_backend
 from prime_rl.orchestrator.config import OrchestratorConfig, TeacherConfig
 from prime_rl.trainer.config import TrainerConfig
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "seq_len", "seed", "wandb", "max_async_level", "loss", "ckpt",
-               "teacher")
+               "teacher", "weight_transfer")
 COMPONENTS = ("inference", "orchestrator", "trainer")
 
 
@@ -123,6 +123,9 @@ class RLConfig(RunConfig):
     """On-policy distillation from a teacher model (docs/losses.md#on-policy-distillation); handed to the
     orchestrator. Without teacher.base_url rl starts the teacher's server (a second inference process with
     inference's options, on a free port and the inference devices)."""
+    weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
+    """How weight updates reach the inference servers: mode = "filesystem" (weights/step_N) or "distributed" (a
+    torch.distributed broadcast from the trainer; builtin backend); handed to the trainer and the servers."""
     slurm: SlurmConfig | None = None
     """Write an sbatch script for this run instead of running it (docs/deployment.md#slurm); none: run here."""
     overwrite: bool = False
@@ -153,7 +156,8 @@ class RLConfig(RunConfig):
         if "orchestrator" in here and "inference" not in here and "base_url" not in self.orchestrator.client.model_fields_set:
             raise ValueError("orchestrator.client.base_url: the inference server runs elsewhere "
                              "(deployment.components), so give its URL, e.g. http://node0:8000/v1")
-        if "inference" in here and "orchestrator" not in here and "port" not in self.inference.model_fields_set:
+        if "inference" in here and "orchestrator" not in here and ("port" not in self.inference.model_fields_set
+                                                                   or self.inference.port == 0):
             raise ValueError("inference.port: the orchestrator runs elsewhere (deployment.components), so fix the port "
                              "it connects to")
         if ("inference" in here) != ("orchestrator" in here) and self.inference.api_key is None \
@@ -195,6 +199,13 @@ class RLConfig(RunConfig):
             raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
                              "builtin backend has (inference.backend)")
         self._check_split()
+        if self.weight_transfer.mode == "distributed":
+            if self.deployment.split:
+                raise ValueError("weight_transfer.mode = 'distributed' needs every component in one rl (a split run "
+                                 "moves weights through the shared filesystem)")
+            if resolved_backend(self.inference.backend) != "builtin":
+                raise ValueError("weight_transfer.mode = 'distributed' is built for the builtin backend only (vLLM "
+                                 "loads weights from the filesystem)")
         if self.deployment.trainer_nodes > 1 and self.deployment.rdzv_endpoint is None:
             raise ValueError("deployment.trainer_nodes > 1 needs deployment.rdzv_endpoint (host:port of the first "
                              "trainer node) for torchrun's rendezvous")

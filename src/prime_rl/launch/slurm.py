@@ -19,6 +19,7 @@ from pathlib import Path
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import config_file, slurm_dir
+from prime_rl.utils.errors import ConfigError
 
 SCRIPT = "rl.sbatch"
 CONFIG = "rl.toml"
@@ -48,7 +49,7 @@ def render(config: RLConfig, config_path: Path) -> str:
         f"#SBATCH --job-name={slurm.job_name}",
         f"#SBATCH --nodes={slurm.nodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --output={Path(slurm.dir or slurm_dir(config.output_dir)).absolute()}/%j.out",
+        f'#SBATCH --output="{Path(slurm.dir or slurm_dir(config.output_dir)).absolute()}/%j.out"',
         *([f"#SBATCH --gpus-per-node={slurm.gpus_per_node}"] if slurm.gpus_per_node else []),
         *([f"#SBATCH --partition={slurm.partition}"] if slurm.partition else []),
         *([f"#SBATCH --time={slurm.time}"] if slurm.time else []),
@@ -90,11 +91,26 @@ def render(config: RLConfig, config_path: Path) -> str:
     ]) + "\n"
 
 
+def check(config: RLConfig) -> None:
+    """What the nodes' `rl` would refuse, refused before a script is written (ConfigError, one line)."""
+    if config.slurm.nodes < 2:
+        return
+    if config.inference.num_servers > 1:
+        raise ConfigError("slurm.nodes >= 2 runs one inference server on node 0: set inference.num_servers = 1")
+    if config.teacher is not None and config.teacher.base_url is None:
+        raise ConfigError("slurm.nodes >= 2 starts no teacher server: give teacher.base_url")
+    if config.weight_transfer.mode == "distributed":
+        raise ConfigError("slurm.nodes >= 2 moves weights through the shared filesystem: weight_transfer.mode = "
+                          "'filesystem'")
+
+
 def write_script(config: RLConfig) -> Path:
-    """Write the resolved config (without `[slurm]`) and the sbatch script running it; returns the script."""
+    """Write the resolved config (without `[slurm]` and `overwrite`: a requeued job must not delete its run) and
+    the sbatch script running it; returns the script."""
+    check(config)
     directory = Path(config.slurm.dir or slurm_dir(config.output_dir)).absolute()
     config_path = directory / CONFIG
-    write_toml(config_path, config.model_dump(mode="json", exclude={"slurm"}))
+    write_toml(config_path, config.model_dump(mode="json", exclude={"slurm", "overwrite"}))
     script = directory / SCRIPT
     script.write_text(render(config, config_path))
     script.chmod(0o755)

@@ -267,6 +267,10 @@ class InferenceClient:
         result = await self.chat([{"role": "user", "content": "hi"}], 1, SamplingRule(), 1, seed=0)
         return result.weight_step
 
+    async def served_steps(self) -> list[int]:
+        """[the served step] (`servers.ServerPool.served_steps` gives one per server)."""
+        return [await self.served_step()]
+
     async def update_weights(self, path: str, step: int, in_flight: bool = False) -> int:
         """Load `path` (a weights/step_N directory); return the step the server now serves. `in_flight`:
         without draining the running requests (builtin backend)."""

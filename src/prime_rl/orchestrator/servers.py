@@ -1,7 +1,7 @@
 """Several inference servers behind one client (`client.base_url` a list; `rl` with `inference.num_servers`).
 
 `ServerPool` offers what the orchestrator uses of an `InferenceClient` (`wait_ready`, `chat`, `complete`,
-`served_step`, `update_weights`) over one `InferenceClient` per server:
+`served_steps`, `update_weights`) over one `InferenceClient` per server:
 
 - A request goes to the live server with the fewest outstanding requests (ties: the first listed).
 - Weight updates go to every live server at once; `update_weights` returns the lowest step served,
@@ -94,6 +94,8 @@ class ServerPool:
 
     async def _on_all(self, call: Callable[[InferenceClient], Awaitable[T]]) -> list[T]:
         """`call` on every live server at once; the unreachable ones are dropped."""
+        if not self.live:
+            raise InferenceError(f"no inference server left (all {len(self.clients)} were dropped)")
         clients = list(self.live)
         results = await asyncio.gather(*(call(c) for c in clients), return_exceptions=True)
         kept = []
@@ -127,9 +129,9 @@ class ServerPool:
     async def complete(self, *args: Any, **kwargs: Any) -> ChatResult:
         return await self._on_one(lambda c: c.complete(*args, **kwargs))
 
-    async def served_step(self) -> int:
-        """The lowest weight step any live server serves."""
-        return min(await self._on_all(lambda c: c.served_step()))
+    async def served_steps(self) -> list[int]:
+        """The weight step each live server serves."""
+        return await self._on_all(lambda c: c.served_step())
 
     async def update_weights(self, path: str, step: int, in_flight: bool = False) -> int:
         """Load `path` on every live server at once; the lowest step they now serve."""

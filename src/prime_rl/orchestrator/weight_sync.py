@@ -72,10 +72,12 @@ class WeightSync:
     async def align(self, initial_model: str) -> None:
         """Start from what the server really serves: a step above `trusted_upto` is a leftover of another run
         (a server that was not restarted), so load the newest usable weights, else the initial model as step 0."""
-        self.served_step = await self.client.served_step()
-        if self.served_step <= self.trusted_upto:
+        steps = await self.client.served_steps()  # one per server
+        self.served_step = min(steps)
+        if max(steps) <= self.trusted_upto and len(set(steps)) == 1:
             return
-        self.log.info(f"the server serves weights step {self.served_step}, ahead of this run: reloading")
+        self.log.info(f"the server(s) serve weights steps {sorted(set(steps))}: ahead of this run or not all the "
+                      "same: reloading")
         self.served_step = -1
         if not await self.load_newest(at_most=self.trusted_upto):
             self.served_step = await self.client.update_weights(initial_model, 0)

@@ -9,7 +9,7 @@ from pydantic import Field
 from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
-from prime_rl.configs.shared import CkptConfig, RunConfig
+from prime_rl.configs.shared import CkptConfig, RunConfig, WeightTransferConfig
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -147,6 +147,8 @@ class TrainerConfig(TrainingConfig):
     """How long to wait for a rollout batch rollouts/step_N/ before giving up."""
     max_async_level: Annotated[int, Field(ge=0)] = 1
     """The orchestrator's max_async_level (`rl` hands it down): step N trains only samples with N - this <= policy_step <= N."""
+    weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
+    """How the weights reach the inference servers (rl hands it down): filesystem or a torch.distributed broadcast."""
     num_processes: Annotated[int, Field(ge=1)] = 1
     """Trainer ranks: `rl` runs `torchrun --nproc-per-node num_processes` when > 1 (one GPU each, or CPU/gloo)."""
 
@@ -156,6 +158,9 @@ class TrainerConfig(TrainingConfig):
         return (self.critic or CriticConfig()) if self.advantage.type == "gae" else None
 
     def check_consistency(self, prefix: str = "") -> None:
+        if self.weight_transfer.mode == "distributed" and self.lora is not None and not self.lora.merge:
+            raise ValueError(f"{prefix}weight_transfer.mode = 'distributed' sends full weights: with lora set "
+                             "lora.merge = true (or use the filesystem)")
         if self.critic is not None and self.advantage.type != "gae":
             raise ValueError(f"{prefix}critic is used only by advantage type 'gae' (the advantage type is "
                              f"{self.advantage.type!r})")

@@ -24,8 +24,10 @@ from prime_rl.trainer.lora import LoRAWeights, apply_lora, base_fingerprint, che
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.optim import build_optimizer, build_scheduler, checked_step
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
-from prime_rl.trainer.weights import write_weights
+from prime_rl.trainer.weights import send_weights, write_weights
+from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
+from prime_rl.utils.weight_transfer import open_group
 
 
 class TrainSession:
@@ -73,6 +75,16 @@ class TrainSession:
             self.critic = Critic(value_model, config.model, config.runtime, self.dist.device, config.seed,
                                  self.model_config.vocab_size)
             self.identity["critic"] = True
+
+        # weight_transfer.mode = "distributed": rank 0 joins the servers' group now (they join at their start).
+        transfer = getattr(config, "weight_transfer", None)
+        self.transfer_group = None
+        if transfer is not None and transfer.mode == "distributed" and self.dist.is_main:
+            if transfer.address is None:
+                raise UserError("weight_transfer.mode = 'distributed' needs weight_transfer.address (rl sets it)")
+            self.transfer_group = open_group(transfer.address, 0, transfer.servers + 1, transfer.timeout_s,
+                                             self.dist.device)
+        self.distributed_transfer = transfer is not None and transfer.mode == "distributed"
 
         self.start_step = 0
         self.resume_extra: dict = {}
@@ -124,7 +136,12 @@ class TrainSession:
                                     self.config.ckpt.keep, self.identity, self.critic)
 
     def _write_weights(self, step: int) -> None:
-        """Collective: `weights/step_{step}`, keeping the newest `keep_weights`."""
+        """Collective: `weights/step_{step}` (or, with distributed transfer, the broadcast and its marker), keeping
+        the newest `keep_weights`."""
+        if self.distributed_transfer:
+            send_weights(self.model, self.transfer_group, self.output_dir, step, self.dist.is_main, self.dist.device,
+                         self.config.keep_weights, self.lora)
+            return
         write_weights(self.model, self.tokenizer, self.output_dir, step, self.dist.is_main, self.config.keep_weights,
                       self.lora)
 

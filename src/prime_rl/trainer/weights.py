@@ -3,12 +3,15 @@ LoRA a peft adapter directory (adapter_config.json, adapter_model.safetensors, t
 
 All ranks gather the full state dict (a collective; with LoRA only the adapters, unless merged);
 rank 0 writes it into a temporary directory and renames it into place, then prunes old steps.
+With weight_transfer.mode = "distributed" rank 0 broadcasts it to the servers instead and writes
+only the marker `transfer.json` (`send_weights`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -17,6 +20,7 @@ from transformers.utils import logging as hf_logging
 from prime_rl.run_dir import weights_dir
 from prime_rl.trainer.lora import LoRAWeights, gather_adapter, merged_state
 from prime_rl.utils.fs import atomic_dir, prune_steps
+from prime_rl.utils.weight_transfer import send, write_marker
 
 
 def write_weights(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path, step: int,
@@ -33,9 +37,7 @@ def write_weights(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_d
                 tokenizer.save_pretrained(tmp)
             prune_steps(target.parent, keep)
         return target
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if lora is not None:
-        state = merged_state(state, lora.scale)
+    state = full_state(model, lora)
     if is_main:
         hf_logging.disable_progress_bar()  # a "Writing model shards" bar per step floods the log
         with atomic_dir(target) as tmp:
@@ -45,5 +47,26 @@ def write_weights(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_d
                 generation = GenerationConfig.from_model_config(model.config)
             generation.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+        prune_steps(target.parent, keep)
+    return target
+
+
+def full_state(model: nn.Module, lora: LoRAWeights | None = None) -> dict[str, torch.Tensor]:
+    """Collective: the full state dict on CPU (every rank gets it; with merged LoRA, the plain model's)."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return merged_state(state, lora.scale) if lora is not None else state
+
+
+def send_weights(model: nn.Module, group, output_dir: Path, step: int, is_main: bool, device: torch.device,
+                 keep: int | None = None, lora: LoRAWeights | None = None) -> Path:
+    """Collective (weight_transfer.mode = "distributed"): gather the full state, rank 0 broadcasts it to the
+    inference servers over `group` (`utils.weight_transfer`), then writes the marker weights/step_N/transfer.json
+    (atomically; the orchestrator's sign that step N can be loaded) and prunes old markers."""
+    state = full_state(model, lora)
+    target = weights_dir(output_dir, step)
+    if is_main:
+        send(group, step, state, device)
+        with atomic_dir(target) as tmp:
+            write_marker(tmp, step)
         prune_steps(target.parent, keep)
     return target

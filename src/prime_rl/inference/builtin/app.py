@@ -42,10 +42,12 @@ from prime_rl.inference.protocol import (
     UpdateWeightsRequest,
     parse_json,
 )
+from prime_rl.inference.transfer import TransferReceiver
 from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 from prime_rl.utils.tool_calls import parse_tool_calls
+from prime_rl.utils.weight_transfer import is_marker_dir
 
 log = get_logger("inference")
 
@@ -99,7 +101,8 @@ def chat_message(completion: Completion, with_tools: bool) -> dict:
     return {"message": message, "finish_reason": finish}
 
 
-def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Policy | None = None) -> FastAPI:
+def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Policy | None = None,
+               receiver: TransferReceiver | None = None) -> FastAPI:
     policy = policy or Policy()
     app = FastAPI(title="prime-rl builtin inference")
     app.add_middleware(RequestGuard, policy=policy)
@@ -253,7 +256,13 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
         try:
             path, step = check_weight_dir(body.path, body.step, policy.weight_roots)
             start = time.monotonic()
-            staged = await asyncio.to_thread(engine.stage_weights, str(path))  # checked before requests are held
+            if is_marker_dir(path):  # the weights came over the transfer group: the newest staged, step >= asked
+                if receiver is None:
+                    raise UserError(f"{path} marks weights sent over torch.distributed, but this server is in no "
+                                    "weight transfer group (weight_transfer.mode)")
+                step, staged = await asyncio.to_thread(receiver.take, step, gate.timeout_s)
+            else:
+                staged = await asyncio.to_thread(engine.stage_weights, str(path))  # checked before requests are held
             async with gate.update(step, drain=not body.in_flight):
                 await asyncio.to_thread(engine.apply_weights, staged, step)
         except WeightPathForbidden as exc:

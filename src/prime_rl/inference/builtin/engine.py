@@ -48,7 +48,7 @@ from prime_rl.inference.adapter_check import is_adapter_dir, verify_adapter_dir
 from prime_rl.inference.builtin.merge import BaseWeights, Staged
 from prime_rl.inference.protocol import context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
-from prime_rl.inference.weight_check import Reference, verify_weight_dir
+from prime_rl.inference.weight_check import Reference, verify_tensors, verify_weight_dir
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 from prime_rl.utils.lora import lora_delta
@@ -199,22 +199,34 @@ class Engine:
         return them cast to the served dtype and device (an adapter: its float32 deltas scale * B @ A and
         its saved weights), ready for `apply_weights`. Only `config.json` (compared, never applied) or `adapter_config.json`
         and the safetensors are read: no code from the directory runs and the architecture stays."""
+        if not is_adapter_dir(path):
+            return self.stage_tensors(verify_weight_dir(path, self.reference, keep=True), path, checked=True)
         params = self.model.state_dict()
-        if is_adapter_dir(path):
-            adapter = verify_adapter_dir(path, self.reference, keep=True)
-            staged = Staged({f"{module}.weight": lora_delta(a.to(self.device), b.to(self.device), adapter.scale)
-                             for module, (a, b) in adapter.modules.items()}, adapter=True,
-                            saved={name: t.to(device=self.device, dtype=params[name].dtype)
-                                   for name, t in adapter.saved.items()})
-        else:
-            tensors = verify_weight_dir(path, self.reference, keep=True)
-            staged = Staged({name: t.to(device=self.device, dtype=params[name].dtype) for name, t in tensors.items()})
+        adapter = verify_adapter_dir(path, self.reference, keep=True)
+        staged = Staged({f"{module}.weight": lora_delta(a.to(self.device), b.to(self.device), adapter.scale)
+                         for module, (a, b) in adapter.modules.items()}, adapter=True,
+                        saved={name: t.to(device=self.device, dtype=params[name].dtype)
+                               for name, t in adapter.saved.items()})
+        return self._refuse_overflow(staged, path)
+
+    def stage_tensors(self, tensors: dict[str, torch.Tensor], source: str, checked: bool = False) -> Staged:
+        """Full weights from `source` (a directory `verify_weight_dir` read, or a weight transfer), checked against
+        the served model unless `checked`, cast to the served dtype and device, ready for `apply_weights`."""
+        if not checked:
+            verify_tensors(source, tensors, self.reference)
+        params = self.model.state_dict()
+        staged = Staged({name: t.to(device=self.device, dtype=params[name].dtype) for name, t in tensors.items()})
+        return self._refuse_overflow(staged, source)
+
+    def _refuse_overflow(self, staged: Staged, source: str) -> Staged:
+        """`staged`, unless a value it would write is not finite in the served dtype (UserError)."""
+        params = self.model.state_dict()
         # Finite inputs can still overflow: W0 + scale * B @ A, or a cast to float16 (> 65504). A weight that
         # turned inf would fail every later request, so such an update is refused before anything is applied.
         with torch.no_grad():
             for name, value in self._base.served(params, staged).items():
                 if not bool(torch.isfinite(value).all()):
-                    raise UserError(f"weight update {path}: {name} would not be finite in the served dtype "
+                    raise UserError(f"weight update {source}: {name} would not be finite in the served dtype "
                                     f"{params[name].dtype} (it overflows)")
         return staged
 

@@ -1,0 +1,78 @@
+"""The builtin server's end of the torch.distributed weight transfer (`utils/weight_transfer.py`).
+
+A thread joins the trainer's group at start (rank `weight_transfer.rank`) and receives every broadcast.
+Each update is checked like a weight directory (`weight_check.verify_tensors`: names, shapes, dtypes
+against the served model, finite values, tied tensors equal) and cast to the served dtype
+(`Engine.stage_tensors`, which also refuses values that would overflow), then held as the newest staged
+update; nothing changes the served model there. `POST /update_weights` with a marker directory
+(`weights/step_N/transfer.json`) waits for a staged update of step >= N and applies it under the weight
+gate like any update (drain, or in flight), so the served step is the staged one. An update that fails
+its checks is logged and dropped (the previous one stays staged); the thread ends when the trainer's
+group goes away (the run ended).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from prime_rl.configs.shared import WeightTransferConfig
+from prime_rl.inference.builtin.merge import Staged
+from prime_rl.utils.errors import UserError
+from prime_rl.utils.logging import get_logger
+from prime_rl.utils.weight_transfer import open_group, receive
+
+log = get_logger("inference")
+
+
+class TransferTimeout(UserError):
+    """No update of the asked step arrived in time."""
+
+
+class TransferReceiver:
+    """Receives the trainer's updates in a thread; `take(step, timeout_s)` hands out the newest staged one."""
+
+    def __init__(self, config: WeightTransferConfig, engine):
+        self.config = config
+        self.engine = engine
+        self.staged: tuple[int, Staged] | None = None
+        self.error: str | None = None  # why the thread stopped, when it did
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="weight-transfer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        c = self.config
+        device = torch.device("cpu") if self.engine.device.type == "cpu" else self.engine.device
+        try:
+            group = open_group(c.address, c.rank, c.servers + 1, c.timeout_s, device)
+            log.info(f"joined the trainer's weight transfer group at {c.address} as rank {c.rank} of {c.servers + 1}")
+            while True:
+                step, tensors = receive(group, device)
+                try:
+                    staged = self.engine.stage_tensors(tensors, f"weight transfer of step {step}")
+                except UserError as exc:
+                    log.error(f"dropped the transferred weights of step {step}: {exc}")
+                    continue
+                with self._ready:
+                    self.staged = (step, staged)
+                    self._ready.notify_all()
+        except Exception as exc:  # the trainer's group went away (the run ended) or never came
+            with self._ready:
+                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                self._ready.notify_all()
+            log.info(f"weight transfer stopped ({self.error})")
+
+    def take(self, step: int, timeout_s: float) -> tuple[int, Staged]:
+        """The newest staged update, once its step is >= `step` (at most `timeout_s`): (its step, it)."""
+        deadline = time.monotonic() + timeout_s
+        with self._ready:
+            while self.staged is None or self.staged[0] < step:
+                left = deadline - time.monotonic()
+                if self.error is not None or left <= 0:
+                    raise TransferTimeout(f"no weights of step >= {step} arrived over the transfer group "
+                                          f"({self.error or f'waited {timeout_s:g}s'})")
+                self._ready.wait(left)
+            return self.staged
