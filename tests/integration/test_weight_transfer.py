@@ -121,3 +121,9 @@ def test_rl_with_distributed_transfer_stays_on_policy(tmp_path, servers):
     logs = [tmp_path / "run" / "logs" / name for name in ["inference.log", "inference_1.log"][:servers]]
     for log in logs:
         assert "joined the trainer's weight transfer group" in log.read_text()
+    # The run's own rl.toml (what a resume runs) still parses: this run's group address is not in it.
+    again = subprocess.run([sys.executable, "-m", "prime_rl.launch.rl", "@", str(tmp_path / "run" / "configs" /
+                                                                              "rl.toml"), "--dry-run"],
+                           capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("PRIME_")})
+    assert again.returncode == 0, again.stderr

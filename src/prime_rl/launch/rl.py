@@ -415,6 +415,8 @@ def launch(config: RLConfig) -> None:
     # Without `overwrite`: running this file again must not delete the run it describes (nor find the URL of
     # the teacher server this run started, which would stop it from starting one).
     rl_toml = config.model_dump(mode="json", exclude={"overwrite"})
+    for name in ("trainer", "inference"):  # this run's group address and ranks: the next rl picks its own
+        rl_toml[name]["weight_transfer"] = rl_toml["weight_transfer"]
     if teacher is not None:
         rl_toml["orchestrator"]["teacher"]["base_url"] = None
     if owner:
