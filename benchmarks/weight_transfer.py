@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import socket
 import statistics
 import sys
 import tempfile
@@ -34,16 +33,11 @@ from prime_rl.trainer.config import RuntimeConfig
 from prime_rl.trainer.dist import init_distributed
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.weights import send_weights, write_weights
+from prime_rl.utils.net import free_port
 from prime_rl.utils.weight_transfer import open_group, receive
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer import PRESETS, make_model  # noqa: E402 (benchmarks/trainer.py)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server(model_dir: str, address: str, updates: int, conn) -> None:

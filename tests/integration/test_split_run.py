@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from prime_rl.utils.net import free_port
 from rl_runs import rows_by_source  # tests/ is on sys.path (rootdir conftest)
 
 pytestmark = [pytest.mark.slow]
@@ -19,12 +20,6 @@ pytestmark = [pytest.mark.slow]
 SMALL = ["--model.name", "tiny-reverse-text", "--max-steps", "3", "--seq-len", "256", "--orchestrator.batch-size",
          "16", "--orchestrator.rollouts-per-example", "4", "--orchestrator.sampling.max-tokens", "8",
          "--wandb.mode", "disabled"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rl(*args: str) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -22,18 +21,13 @@ from prime_rl.run_dir import weights_dir
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import train
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.net import free_port
 from prime_rl.utils.weight_transfer import MARKER
 from rl_runs import on_policy_run_with_test_env  # tests/ is on sys.path (rootdir conftest)
 from synthetic_batches import random_step, write_random_step
 
 pytestmark = [pytest.mark.slow]
 VOCAB = 99  # the char tokenizer of tiny_model_dir
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def trainer_config(model_dir, out, world_size: int, transfer: WeightTransferConfig | None = None) -> TrainerConfig:

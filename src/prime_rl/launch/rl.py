@@ -55,7 +55,7 @@ from prime_rl.run_dir import (
 from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import ConfigError, PrimeError
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
-from prime_rl.utils.net import listening_socket
+from prime_rl.utils.net import listening_socket, server_root
 
 POLL_S = 0.25
 RUN_PARTS = (TRAINER, ORCHESTRATOR)  # what a checkpoint step of an rl run must hold to resume from
@@ -172,12 +172,6 @@ def failure(child: Child, run_dir: Path) -> ComponentFailed:
         return ComponentFailed(f"{child.name} {how}: {describe(disk, run_dir)}")
     lines = "\n".join(f"  {line}" for line in child.last_lines())
     return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}")
-
-
-def remote_health(base_url: str) -> str:
-    """The /health URL of the server whose OpenAI API root is `base_url` (e.g. http://node0:8000/v1)."""
-    root = base_url.rstrip("/")
-    return (root[: -len("/v1")] if root.endswith("/v1") else root) + "/health"
 
 
 def starts_teacher(config: RLConfig) -> bool:
@@ -326,14 +320,14 @@ class ProgressView:
             self.bar.stop()
 
 
-def spare_server(children: dict[str, Child], dead: Child) -> bool:
+def spare_server(children: dict[str, Child], dead: Child, reported: set[str]) -> bool:
     """Whether the run can go on without the policy server `dead` (another is running: the orchestrator drops the
-    dead one with a warning); says so once."""
+    dead one with a warning); says so once (`reported`: the names already said)."""
     others = [c for name, c in children.items() if name.startswith("inference") and c is not dead and c.running]
-    if others and not getattr(dead, "reported", False):
+    if others and dead.name not in reported:
         print(f"rl: warning: inference server {dead.name} exited ({dead.poll()}); {len(others)} left (see "
               f"{dead.log_path})", file=sys.stderr)
-        dead.reported = True
+        reported.add(dead.name)
     return bool(others)
 
 
@@ -342,13 +336,14 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail,
     """Poll until the trainer and orchestrator here finish (a server-only rl of a split run: until the trainer
     elsewhere has logged step max_steps - 1); raise on the first failure."""
     workers = [children[name] for name in ("trainer", "orchestrator") if name in children]
+    reported: set[str] = set()
     while True:
         tail.poll()
         view.update(tail)
         for child in children.values():
             code = child.poll()
             if code not in (None, 0) or (is_server(child.name) and code is not None):
-                if child.name.startswith("inference") and spare_server(children, child):
+                if child.name.startswith("inference") and spare_server(children, child, reported):
                     continue
                 raise failure(child, run_dir)
         if workers and all(child.poll() == 0 for child in workers):
@@ -447,7 +442,7 @@ def launch(config: RLConfig) -> None:
         waits = [(name, f"http://{server.host}:{server.port}/health", children[name])
                  for name, server in (*servers.items(), (TEACHER, teacher)) if name in children]
         if "orchestrator" in children and "inference" not in children:  # a split run: the server runs elsewhere
-            waits += [("inference", remote_health(url), None) for url in config.orchestrator.client.urls]
+            waits += [("inference", f"{server_root(url)}/health", None) for url in config.orchestrator.client.urls]
         for name, health, child in waits:
             console.print(f"waiting for the {name} server ({health}) ...")
             wait_for_health(health, child, config.deployment.startup_timeout_s, config.output_dir)

@@ -24,6 +24,7 @@ import aiohttp
 
 from prime_rl.orchestrator.config import ClientConfig
 from prime_rl.utils.errors import PrimeError
+from prime_rl.utils.net import server_root  # noqa: F401 (also this module's: tests import it here)
 from prime_rl.utils.sampling_rule import SamplingRule
 
 SPARE_CONNECTIONS = 2
@@ -65,12 +66,6 @@ class ChatResult:
     def policy_step(self, completion: Completion) -> int:
         """The oldest weight step of a completion's tokens (the admission step for one without tokens)."""
         return min(completion.weight_steps, default=self.weight_step)
-
-
-def server_root(base_url: str) -> str:
-    """`http://host:port/v1` -> `http://host:port` (where /update_weights and /health live)."""
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 def _choice_logprobs(choice: dict[str, Any]) -> list[float]:

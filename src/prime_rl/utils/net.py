@@ -1,4 +1,5 @@
-"""`listening_socket`: how the inference server binds its port, and how `rl` checks it can."""
+"""`listening_socket`: how the inference server binds its port, and how `rl` checks it can; `free_port`;
+`server_root`: where a server's own routes live."""
 
 from __future__ import annotations
 
@@ -18,3 +19,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` right now (bound once and released)."""
+    with listening_socket(host, 0) as sock:
+        return sock.getsockname()[1]
+
+
+def server_root(base_url: str) -> str:
+    """`http://host:port/v1` -> `http://host:port` (where /update_weights and /health live)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
