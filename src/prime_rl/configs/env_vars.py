@@ -29,6 +29,7 @@ INTERNAL_ENV_VARS = frozenset({
     "PRIME_INFERENCE_CONTEXT_LEN",  # inference.vllm.middleware.CONTEXT_ENV, set for the vLLM server
     "PRIME_INFERENCE_POLICY",  # inference.policy.POLICY_ENV, set for the vLLM server
     "PRIME_INFERENCE_SERVED_NAME",  # inference.vllm.middleware.SERVED_NAME_ENV, the adapter alias for vLLM
+    "PRIME_INFERENCE_WEIGHT_TRANSFER",  # inference.vllm.middleware.TRANSFER_ENV, the transfer group for vLLM
 })
 """Variables prime-rl sets for its own processes; never config keys (a unit test finds any new one in src/)."""
 

@@ -93,8 +93,17 @@ class WeightTransferConfig(BaseConfig):
     address: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+:[0-9]+$")] | None = None
     """host:port of the group's store, on the trainer's rank 0 (rl: a free port on 127.0.0.1)."""
     servers: Annotated[int, Field(ge=1)] = 1
-    """Inference servers in the group (rl: inference.num_servers); the group has servers + 1 ranks."""
+    """Inference servers in the group (rl: inference.num_servers)."""
+    ranks_per_server: Annotated[int, Field(ge=1)] = 1
+    """Group ranks of one server: 1 for the builtin backend, vLLM's tensor_parallel_size (each worker receives the
+    full weights and loads its shard; rl sets it). The group has 1 + servers * ranks_per_server ranks."""
     rank: Annotated[int, Field(ge=0)] = 0
-    """This process's rank in the group: 0 the trainer, 1..servers the inference servers (rl sets each)."""
+    """This process's rank in the group: 0 the trainer; a server's first rank (server s of 0..servers-1:
+    1 + s * ranks_per_server; a vLLM worker adds its tensor-parallel rank). rl sets each."""
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Longest the group's setup or one broadcast may take."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group: the trainer's rank 0 and every server's ranks."""
+        return 1 + self.servers * self.ranks_per_server

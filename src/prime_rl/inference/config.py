@@ -92,7 +92,7 @@ class InferenceConfig(EntrypointConfig):
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     """Port to bind (0: any free port)."""
     weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
-    """How weight updates arrive (rl hands it down): from weight directories, or also over a torch.distributed group from the trainer (builtin backend)."""
+    """How weight updates arrive (rl hands it down): from weight directories, or also over a torch.distributed group from the trainer."""
     num_servers: Annotated[int, Field(ge=1)] = 1
     """(rl) How many copies of this server rl starts for the policy (each on its own free port and share of inference_gpu_ids); the orchestrator spreads requests over them and updates all."""
     update_timeout_s: Annotated[float, Field(gt=0)] = 600.0

@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from prime_rl.configs.cli import run_main
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
-from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.config import InferenceConfig, resolved_backend
 from prime_rl.launch import output_dir, slurm
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
@@ -244,6 +244,17 @@ def policy_servers(config: RLConfig) -> list[str]:
     return ["inference", *(f"inference_{i}" for i in range(1, config.inference.num_servers))]
 
 
+def assign_transfer_ranks(config: RLConfig, servers: list[InferenceConfig], address: str) -> None:
+    """The weight transfer group (`weight_transfer.mode = "distributed"`) at `address`: the trainer's rank 0, then
+    each server's ranks in order: one for a builtin server, one per tensor-parallel worker for vLLM."""
+    per_server = config.inference.vllm.tensor_parallel_size if resolved_backend(config.inference.backend) == "vllm" \
+        else 1
+    transfer = config.weight_transfer.model_copy(update={"address": address, "servers": len(servers),
+                                                         "ranks_per_server": per_server})
+    config.trainer.weight_transfer = transfer
+    for i, server in enumerate(servers):
+        server.weight_transfer = transfer.model_copy(update={"rank": 1 + i * per_server})
+
 def is_server(name: str) -> bool:
     return name in SERVERS or name.startswith("inference_")
 
@@ -381,12 +392,8 @@ def launch(config: RLConfig) -> None:
             servers[name] = config.inference.model_copy(update={"port": server_port(config.inference.host, 0)})
         urls = [f"http://{server.host}:{server.port}/v1" for server in servers.values()]
         config.orchestrator.client.base_url = urls if len(urls) > 1 else urls[0]
-    if config.weight_transfer.mode == "distributed":  # one group: the trainer's rank 0, then every server
-        transfer = config.weight_transfer.model_copy(update={
-            "address": f"127.0.0.1:{server_port('127.0.0.1', 0)}", "servers": len(servers)})
-        config.trainer.weight_transfer = transfer
-        for rank, server in enumerate(servers.values(), start=1):
-            server.weight_transfer = transfer.model_copy(update={"rank": rank})
+    if config.weight_transfer.mode == "distributed":
+        assign_transfer_ranks(config, list(servers.values()), f"127.0.0.1:{server_port('127.0.0.1', 0)}")
     teacher = teacher_server(config, server_port(config.inference.host, 0)) if starts_teacher(config) else None
     output_dir.check_writable(config.output_dir)
     if owner:

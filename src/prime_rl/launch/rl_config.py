@@ -125,7 +125,7 @@ class RLConfig(RunConfig):
     inference's options, on a free port and the inference devices)."""
     weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
     """How weight updates reach the inference servers: mode = "filesystem" (weights/step_N) or "distributed" (a
-    torch.distributed broadcast from the trainer; builtin backend); handed to the trainer and the servers."""
+    torch.distributed broadcast from the trainer); handed to the trainer and the servers."""
     slurm: SlurmConfig | None = None
     """Write an sbatch script for this run instead of running it (docs/deployment.md#slurm); none: run here."""
     overwrite: bool = False
@@ -203,9 +203,9 @@ class RLConfig(RunConfig):
             if self.deployment.split:
                 raise ValueError("weight_transfer.mode = 'distributed' needs every component in one rl (a split run "
                                  "moves weights through the shared filesystem)")
-            if resolved_backend(self.inference.backend) != "builtin":
-                raise ValueError("weight_transfer.mode = 'distributed' is built for the builtin backend only (vLLM "
-                                 "loads weights from the filesystem)")
+            if resolved_backend(self.inference.backend) == "vllm" and self.inference.vllm.data_parallel_size > 1:
+                raise ValueError("weight_transfer.mode = 'distributed' with inference.vllm.data_parallel_size > 1 is "
+                                 "not supported: run several servers instead (inference.num_servers)")
         if self.deployment.trainer_nodes > 1 and self.deployment.rdzv_endpoint is None:
             raise ValueError("deployment.trainer_nodes > 1 needs deployment.rdzv_endpoint (host:port of the first "
                              "trainer node) for torchrun's rendezvous")

@@ -82,7 +82,7 @@ class TrainSession:
         if transfer is not None and transfer.mode == "distributed" and self.dist.is_main:
             if transfer.address is None:
                 raise UserError("weight_transfer.mode = 'distributed' needs weight_transfer.address (rl sets it)")
-            self.transfer_group = open_group(transfer.address, 0, transfer.servers + 1, transfer.timeout_s,
+            self.transfer_group = open_group(transfer.address, 0, transfer.world_size, transfer.timeout_s,
                                              self.dist.device)
         self.distributed_transfer = transfer is not None and transfer.mode == "distributed"
 

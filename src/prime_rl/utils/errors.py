@@ -19,3 +19,9 @@ class ConfigError(UserError):
 
 class NonFiniteError(PrimeError):
     """Loss, gradient norm or updated parameters are NaN/inf: nothing of the step is written."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line: its type and its message's first line."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

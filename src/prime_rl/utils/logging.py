@@ -41,3 +41,11 @@ def setup_logging(name: str, output_dir: Path | None = None, level: str = "INFO"
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"prime_rl.{name}")
+
+
+def ensure_logging(name: str) -> logging.Logger:
+    """The logger `name`, setting up the `prime_rl` logger (to stderr) first unless this process already did: for
+    code that runs in processes prime-rl does not start itself (vLLM's API server and workers)."""
+    if not logging.getLogger("prime_rl").handlers:
+        return setup_logging(name)
+    return get_logger(name)

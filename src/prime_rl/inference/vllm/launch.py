@@ -17,7 +17,7 @@ import sys
 
 from prime_rl.inference.config import KEEP_ALIVE_S, InferenceConfig
 from prime_rl.inference.policy import Policy
-from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV, TIMEOUT_ENV
+from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV, TIMEOUT_ENV, TRANSFER_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
 
@@ -72,6 +72,23 @@ def vllm_args(config: InferenceConfig) -> list[str]:
     return args + list(v.extra_args)
 
 
+def transfer_env(config: InferenceConfig) -> dict[str, str]:
+    """The middleware's weight transfer setting (`TRANSFER_ENV`); none for the filesystem. Each of vLLM's
+    tensor-parallel workers is a rank of the group, so the group must count them."""
+    transfer, v = config.weight_transfer, config.vllm
+    if transfer.mode != "distributed":
+        return {}
+    if v.data_parallel_size > 1:
+        raise UserError("weight_transfer.mode = 'distributed' with vllm.data_parallel_size > 1 is not supported: run "
+                        "several servers instead (inference.num_servers)")
+    if transfer.ranks_per_server != v.tensor_parallel_size:
+        raise UserError(f"weight_transfer.ranks_per_server = {transfer.ranks_per_server}, but vLLM runs "
+                        f"vllm.tensor_parallel_size = {v.tensor_parallel_size} workers, one group rank each")
+    if transfer.address is None:
+        raise UserError("weight_transfer.mode = 'distributed' needs weight_transfer.address (rl sets it)")
+    return {TRANSFER_ENV: transfer.model_dump_json()}
+
+
 def exec_vllm(config: InferenceConfig) -> None:
     """Replace this process by vLLM's server (never returns)."""
     if not vllm_available():
@@ -84,6 +101,7 @@ def exec_vllm(config: InferenceConfig) -> None:
     if config.vllm.max_lora_rank is not None:
         os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, which the middleware calls
     os.environ.update(Policy.from_config(config).to_env())
+    os.environ.update(transfer_env(config))
     os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))  # see KEEP_ALIVE_S
     argv = [sys.executable, *vllm_args(config)]
     sys.stdout.flush()

@@ -9,6 +9,11 @@
   worker through `collective_rpc`, resets the prefix cache, answers `{"weight_step": N}`.
   A LoRA adapter directory is checked by `adapter_check` and loaded through vLLM's dynamic
   LoRA loading instead, then served under the model's name (`adapters.py`; untested on hardware).
+  A marker directory (`weights/step_N/transfer.json`, `weight_transfer.mode = "distributed"`): the
+  workers joined the trainer's transfer group at startup (`TRANSFER_ENV`, the lifespan startup) and
+  received the weights themselves (`worker.py`); the middleware has each set aside its newest update
+  of step >= N (until all agree on one step, which is then the served one), then loads it on every
+  worker inside the gate.
 - `POST /reset`: resets vLLM's prefix cache.
 - Generate requests are parsed strictly first (`protocol.parse_json`: no NaN/Infinity,
   lone surrogates or deep nesting reach vLLM; 400 instead).
@@ -36,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -48,16 +54,18 @@ from prime_rl.inference.guard import RequestGuard, error_payload, read_body, rep
 from prime_rl.inference.policy import Policy
 from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow, parse_json
 from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
+from prime_rl.inference.vllm.worker import LOAD_DIR, LOAD_PINNED, PIN_TRANSFERRED, START_TRANSFER
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
 from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
-from prime_rl.utils.errors import UserError
-from prime_rl.utils.logging import get_logger
+from prime_rl.utils.errors import UserError, first_line
+from prime_rl.utils.logging import ensure_logging, get_logger
+from prime_rl.utils.weight_transfer import is_marker_dir
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
-LOAD_METHOD = "load_weights_from_dir"  # WeightDirWorkerExtension's method
 TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from update_timeout_s
 CONTEXT_ENV = "PRIME_INFERENCE_CONTEXT_LEN"  # set by the launcher to vLLM's --max-model-len
 SERVED_NAME_ENV = "PRIME_INFERENCE_SERVED_NAME"  # set by the launcher to --served-model-name (the adapter alias)
+TRANSFER_ENV = "PRIME_INFERENCE_WEIGHT_TRANSFER"  # set by the launcher: the server's WeightTransferConfig (JSON)
 
 log = get_logger("inference")
 
@@ -91,19 +99,26 @@ def prompt_logprobs_problem(body: Any) -> str | None:
     return None
 
 
-def reference_of(model: str | None) -> Reference | None:
-    """The served model's checkpoint as the reference for updates: its directory, or its snapshot in the
-    Hugging Face cache; None (updates then get only the value checks) when neither can be read."""
+def checkpoint_dir(model: str | None) -> Path | None:
+    """The served model's checkpoint: its directory, or its snapshot in the Hugging Face cache; None when
+    neither can be found."""
     if model is None:
         return None
     path = Path(model)
-    if not path.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
 
-            path = Path(snapshot_download(model, local_files_only=True))
-        except Exception:
-            path = None
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:
+        return None
+
+
+def reference_of(model: str | None) -> Reference | None:
+    """The served model's checkpoint as the reference for updates; None (updates then get only the value
+    checks) when it cannot be read."""
+    path = checkpoint_dir(model)
     try:
         return Reference.from_dir(path) if path is not None else None
     except UserError as exc:
@@ -113,6 +128,7 @@ def reference_of(model: str | None) -> Reference | None:
 
 class PrimeRLMiddleware:
     def __init__(self, app):
+        ensure_logging("inference")  # vLLM's process: our lines go to its stderr (the server's log)
         self.app = app
         self.policy = Policy.from_env(os.environ)
         self.gate = WeightGate(step=0, timeout_s=float(os.environ.get(TIMEOUT_ENV, "600")))
@@ -121,11 +137,40 @@ class PrimeRLMiddleware:
         self.served_name = os.environ.get(SERVED_NAME_ENV)
         self.adapter: str | None = None  # the loaded LoRA adapter that requests for served_name get (adapters.py)
         self._reference: list[Reference | None] = []  # resolved on the first update
+        self.transfer = os.environ.get(TRANSFER_ENV)  # the workers join the trainer's group at startup
+        self.transfer_started = False
+        self._updating = asyncio.Lock()
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan" and self.transfer is not None:
+            return await self.app(scope, receive, _OnStartup(send, partial(self._start_transfer, scope)))
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         return await self.guarded(scope, receive, send)
+
+    async def _start_transfer(self, scope) -> None:
+        """Every worker joins the trainer's weight transfer group (in a thread of its own: this returns at once)."""
+        model_dir = await asyncio.to_thread(checkpoint_dir, self.policy.model_dir)
+        ranks = await scope["app"].state.engine_client.collective_rpc(
+            START_TRANSFER, args=(self.transfer, str(model_dir) if model_dir is not None else None))
+        self.transfer_started = True
+        log.info(f"vLLM workers joining the trainer's weight transfer group as ranks {ranks}")
+
+    async def _pin(self, scope, path: Path, step: int) -> int:
+        """Have every worker set aside its newest transferred update of step >= `step`; they may differ when one
+        received a newer one first, so ask again for the newest until all agree. The step they agree on."""
+        if not self.transfer_started:
+            raise UserError(f"{path} marks weights sent over torch.distributed, but this server is in no weight "
+                            "transfer group (weight_transfer.mode)")
+        engine, asked = scope["app"].state.engine_client, step
+        while True:
+            try:
+                steps = await engine.collective_rpc(PIN_TRANSFERRED, args=(asked, self.gate.timeout_s))
+            except Exception as exc:
+                raise UserError(f"no weights of step >= {step} came over the transfer group: {first_line(exc)}") from None
+            if len(set(steps)) == 1:
+                return int(steps[0])
+            asked = max(steps)
 
     async def _route(self, scope, receive, send):
         path, method = scope["path"], scope["method"]
@@ -202,8 +247,10 @@ class PrimeRLMiddleware:
             status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": name, "lora_path": str(path)})
             if status != 200:
                 raise RuntimeError(f"vLLM refused the adapter ({status}): {answer.decode(errors='replace')[:300]}")
+        elif is_marker_dir(path):
+            await engine.collective_rpc(LOAD_PINNED, args=(step,))
         else:
-            await engine.collective_rpc(LOAD_METHOD, args=(str(path),))
+            await engine.collective_rpc(LOAD_DIR, args=(str(path),))
         self.adapter = name
         if previous is not None and previous != name:
             status, answer = await call_app(self.app, scope, UNLOAD_PATH, {"lora_name": previous})
@@ -212,13 +259,22 @@ class PrimeRLMiddleware:
         await engine.reset_prefix_cache()
 
     async def _update(self, scope, receive, send):
+        """One update at a time (a marker's pinned update must be the one loaded); the gate then drains."""
+        async with self._updating:
+            return await self._update_one(scope, receive, send)
+
+    async def _update_one(self, scope, receive, send):
+        start = time.monotonic()
         try:
             _, parsed = await self._body(receive)
             body = UpdateWeightsRequest.model_validate(parsed)
             if body.in_flight:
                 raise UserError("in-flight weight updates need the builtin backend")
             path, step = check_weight_dir(body.path, body.step, self.policy.weight_roots)
-            await self._checked(path)
+            if is_marker_dir(path):
+                step = await self._pin(scope, path, step)
+            else:
+                await self._checked(path)
         except ValidationError as exc:
             return await send_error(send, 400, f"invalid request: {exc.errors()[0]['msg']}")
         except WeightPathForbidden as exc:
@@ -232,8 +288,8 @@ class PrimeRLMiddleware:
             return await send_error(send, 503, str(exc))
         except Exception as exc:  # a load that fails (shape mismatch, ...) leaves the old step in place
             return await send_error(send, 400, f"cannot load weights from {path}: {exc}")
+        log.info(f"serving weights step {step} from {path} (drained update took {time.monotonic() - start:.2f}s)")
         await send_json(send, 200, {"weight_step": step})
-
 
 def stamp_token_weight_steps(payload: dict, step: int) -> None:
     """Every choice's `token_weight_steps`: all `step`, since vLLM's updates drain (`gate.py`)."""
@@ -292,3 +348,21 @@ class _FinishAnswer:
         headers.append((b"content-length", str(len(body)).encode()))
         await self.send({**self.start, "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
+
+
+class _OnStartup:
+    """Wraps a lifespan's `send`: once the app has started, `started()` runs before the startup is reported;
+    if it fails, the startup fails with its one-line reason (vLLM then exits)."""
+
+    def __init__(self, send, started):
+        self.send, self.started = send, started
+
+    async def __call__(self, message):
+        if message["type"] == "lifespan.startup.complete":
+            try:
+                await self.started()
+            except Exception as exc:
+                reason = f"weight transfer: {first_line(exc)}"
+                log.error(reason)
+                return await self.send({"type": "lifespan.startup.failed", "message": reason})
+        return await self.send(message)
