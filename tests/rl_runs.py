@@ -141,8 +141,10 @@ def rows_by_source(run_dir: Path, source: str) -> dict[int, dict]:
 
 def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, max_tokens: int,
                                 model: str = "tiny-reverse-text", extra: Sequence[str] = (),
-                                exact: bool = True) -> tuple[dict[int, dict], dict[int, dict]]:
-    """3 steps of `rl` on the embedded `model` with `env_table` (a TOML `[[orchestrator.env]]` table; a
+                                exact: bool = True, max_steps: int = 3,
+                                resume: bool = False) -> tuple[dict[int, dict], dict[int, dict]]:
+    """`max_steps` steps of `rl` (`resume`: continuing the run from its latest checkpoint) on the embedded `model`
+    with `env_table` (a TOML `[[orchestrator.env]]` table; a
     test environment from `tests/`, which the processes get on PYTHONPATH), at max_async_level 0 (fp32, builtin):
     asserts the run finished and that the trainer's logprobs equal the server's at every step (mismatch KL < 1e-6,
     true only if every trained token sits where the server sampled it; `exact=False` skips that check), with `extra`
@@ -154,14 +156,15 @@ def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, ma
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, "-m", "prime_rl.launch.rl", "@", str(config), "--model.name", model,
-         "--output-dir", str(run_dir), "--max-steps", "3", "--max-async-level", "0", "--seq-len", str(seq_len),
+         "--output-dir", str(run_dir), "--max-steps", str(max_steps), "--max-async-level", "0", "--seq-len", str(seq_len),
          "--orchestrator.batch-size", "16", "--orchestrator.rollouts-per-example", "4",
-         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", *extra],
+         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", *extra,
+         *(["--ckpt.resume-step", "latest"] if resume else [])],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     trainer, orchestrator = rows_by_source(run_dir, "trainer"), rows_by_source(run_dir, "orchestrator")
-    assert sorted(trainer) == sorted(orchestrator) == [0, 1, 2]
+    assert sorted(trainer) == sorted(orchestrator) == list(range(max_steps))
     for step, row in trainer.items():
         assert not exact or abs(row["loss/mismatch_kl"]) < 1e-6, (step, row["loss/mismatch_kl"])
     return trainer, orchestrator

@@ -140,8 +140,9 @@ def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path, trans
     # Step 0 is sampled by the very weights the trainer starts from: vLLM's processed logprobs
     # must equal the trainer's (k3 estimate of the KL, as in the builtin server's test).
     assert abs(trainer[0]["loss/mismatch_kl"]) < 1e-6
-    if transfer == "filesystem":  # later rollouts were stamped with the step the server was updated to (lag 1)
-        assert [orchestrator[step]["async/policy_lag_max"] for step in (1, 2)] == [1.0, 1.0]
+    if transfer == "filesystem":  # later rollouts were stamped with the step the server was updated to: at step 2
+        # a lag <= 1 means it serves step >= 1 (lag 0 when the trainer's step 2 was already there: timing)
+        assert all(orchestrator[step]["async/policy_lag_max"] <= 1.0 for step in (1, 2)), orchestrator
         return
     # Only markers on disk, yet every step is exactly on-policy: vLLM serves the weights that came over the group.
     assert sorted(p.name for p in (run_dir / "weights" / "step_2").iterdir()) == ["transfer.json"]

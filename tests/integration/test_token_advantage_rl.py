@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from prime_rl.utils.batch_format import read_rank
 from rl_runs import on_policy_run_with_test_env  # tests/ is on sys.path (rootdir conftest)
 
 pytestmark = [pytest.mark.slow]
@@ -33,3 +34,20 @@ def test_token_level_reinforce_plus_plus_folds_the_reference_kl_into_the_reward(
     assert trainer[0]["advantage/kl_in_reward"] == pytest.approx(0.0, abs=1e-6)  # step 0: the policy is the ref
     assert trainer[2]["advantage/kl_in_reward"] > 0  # later steps have moved away from it (k3 >= 0)
     assert all("value/loss" not in row and row["optim/grad_norm"] > 0 for row in trainer.values())
+
+
+GROUP_KL = ('[orchestrator]\nshare_prompts = false\n[orchestrator.advantage]\ntype = "grpo"\nkl_in_reward = "k3"\n'
+            'kl_coef = 0.05\n[trainer]\nnum_processes = 2\n')
+
+
+def test_grpo_with_the_kl_in_the_reward_gathers_groups_split_over_two_ranks(tmp_path):
+    """Without shared prompts a group's samples spread over both trainer ranks; the trainer recomputes the
+    group advantages from rewards minus the KL on every rank alike and trains on them, on-policy."""
+    trainer, orchestrator = on_policy_run_with_test_env(tmp_path, GROUP_KL, seq_len=256, max_tokens=8)
+    on_rank = [{g for mb in read_rank(tmp_path / "run", 0, rank).micro_batches for g in mb.sample_groups.tolist()
+                if g >= 0} for rank in (0, 1)]
+    assert on_rank[0] & on_rank[1], on_rank  # some group has samples on both ranks: the gather is exercised
+    assert trainer[0]["advantage/kl_in_reward"] == pytest.approx(0.0, abs=1e-6)  # step 0: the policy is the ref
+    assert trainer[2]["advantage/kl_in_reward"] > 0
+    assert all(row["optim/grad_norm"] > 0 for row in trainer.values())
+    assert all(row["advantage/std"] > 0 for row in orchestrator.values())  # the orchestrator's own (task) ones

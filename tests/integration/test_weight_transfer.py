@@ -121,3 +121,13 @@ def test_rl_with_distributed_transfer_stays_on_policy(tmp_path, servers):
                            capture_output=True, text=True, timeout=120,
                            env={k: v for k, v in os.environ.items() if not k.startswith("PRIME_")})
     assert again.returncode == 0, again.stderr
+
+
+def test_a_resumed_distributed_run_sends_the_resumed_weights_to_its_new_servers(tmp_path):
+    """The previous run's marker of the resumed step names weights its servers got; the resumed trainer sends them
+    to the new servers again, so the run goes on exactly on-policy (mismatch KL < 1e-6 at every step) instead of
+    waiting for weights that never come."""
+    table = '[weight_transfer]\nmode = "distributed"\n[ckpt]\ninterval = 1\n'
+    on_policy_run_with_test_env(tmp_path, table, seq_len=256, max_tokens=8)
+    trainer, _ = on_policy_run_with_test_env(tmp_path, table, seq_len=256, max_tokens=8, max_steps=5, resume=True)
+    assert sorted(trainer) == [0, 1, 2, 3, 4]

@@ -541,12 +541,14 @@ def test_vllm_workers_receive_the_transfer_and_serve_it_bit_for_bit(tmp_path, se
 
 def test_vllm_workers_that_disagree_are_asked_again_for_the_newest(tmp_path, served_model, monkeypatch):
     transfer_setting(monkeypatch, ranks_per_server=2)
-    answers = [[2, 1], [2, 2]]  # worker 1 had not received step 2 yet when first asked
+    answers = {"transferred_step": [[0, 1], [2, 1], [2, 2]],  # worker 0 has nothing yet; then 1 lags behind 0
+               "pin_transferred_weights": [[2, 1], [2, 2]]}  # ... and had not received step 2 when first asked
 
     class Scripted(FakeEngineClient):
         async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
             self.calls.append((method, args))
-            return answers.pop(0) if method == "pin_transferred_weights" else [None, None]
+            values = answers[method].pop(0) if method in answers else [None, None]
+            return [["ok", value] for value in values]
 
     engine = Scripted()
     app, _ = fake_vllm_app(engine)
@@ -559,8 +561,67 @@ def test_vllm_workers_that_disagree_are_asked_again_for_the_newest(tmp_path, ser
     update = asyncio.run(scenario())
     assert update.json() == {"weight_step": 2}
     assert [call for call in engine.calls if call[0] != "start_weight_transfer"] == [
-        ("pin_transferred_weights", (1, 600.0)), ("pin_transferred_weights", (2, 600.0)),
-        ("load_pinned_weights", (2,)), ("reset_prefix_cache", ())]
+        ("transferred_step", ()), ("transferred_step", ()), ("pin_transferred_weights", (1,)),
+        ("transferred_step", ()), ("pin_transferred_weights", (2,)), ("load_pinned_weights", (2,)),
+        ("reset_prefix_cache", ())]
+
+
+def test_a_failing_worker_among_several_is_a_one_line_400_and_the_step_stays(tmp_path, served_model, monkeypatch):
+    """vLLM stops reading answers at the first worker that raises (the next call would read stale ones): the
+    transfer methods answer their errors instead, and the middleware turns the first into one line."""
+    transfer_setting(monkeypatch, ranks_per_server=2)
+
+    class OneFails(FakeEngineClient):
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            self.calls.append((method, args))
+            if method == "transferred_step":
+                return [["ok", 1], ["ok", 1]]
+            if method == "pin_transferred_weights":
+                return [["ok", 1], ["error", "RuntimeError: out of host memory\ntraceback"]]
+            return [["ok", None], ["ok", None]]
+
+    engine = OneFails()
+    app, _ = fake_vllm_app(engine)
+
+    async def scenario():
+        await lifespan_startup(app)
+        async with started_client(app) as client:
+            bad = await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+            return bad, await client.post("/v1/completions", json={})
+
+    bad, after = asyncio.run(scenario())
+    message = bad.json()["error"]["message"]
+    assert bad.status_code == 400 and message == ("no weights of step >= 1 came over the transfer group: vLLM worker "
+                                                  "1: RuntimeError: out of host memory")
+    assert after.json()["weight_step"] == 0 and ("load_pinned_weights", (1,)) not in engine.calls
+    from prime_rl.inference.vllm.worker import transfer_result
+
+    with pytest.raises(RuntimeError, match="vLLM worker 0 answered None, not a prime-rl transfer answer"):
+        transfer_result([None])
+
+
+def test_two_marker_updates_at_once_load_one_after_the_other(tmp_path, served_model, monkeypatch):
+    from prime_rl.utils.weight_transfer import open_group, send
+
+    address = transfer_setting(monkeypatch, ranks_per_server=1)
+    worker = TransferWorker(0)
+    app, _ = fake_vllm_app(WorkersEngineClient([worker]))
+
+    async def scenario():
+        await lifespan_startup(app)
+        group = await asyncio.to_thread(open_group, address, 0, 2, 30, torch.device("cpu"))
+        for step in (1, 2):
+            await asyncio.to_thread(send, group, step, {"w": torch.full((1,), float(step))}, torch.device("cpu"))
+        await asyncio.to_thread(worker.prime_transfer.take, 2, 30)
+        async with started_client(app) as client:
+            first, second = await asyncio.gather(*(
+                client.post("/update_weights", json={"path": str(marker_dir(tmp_path, step))}) for step in (1, 2)))
+            return first, second, await client.post("/v1/completions", json={})
+
+    first, second, after = asyncio.run(scenario())
+    assert first.json() == second.json() == {"weight_step": 2} and after.json()["weight_step"] == 2
+    assert len(worker.loaded) == 1 and worker.loaded[0]["w"].tolist() == [2.0]  # loaded once, then a no-op
+    assert worker.prime_transfer.staged == (2, None)  # the host copy is dropped once loaded
 
 
 def test_a_marker_without_a_transfer_group_and_a_worker_without_a_rank_are_refused(tmp_path, served_model,
@@ -579,12 +640,27 @@ def test_a_marker_without_a_transfer_group_and_a_worker_without_a_rank_are_refus
     app, _ = fake_vllm_app(WorkersEngineClient([TransferWorker(2)]))
     failed = asyncio.run(lifespan_startup(app))
     assert failed["type"] == "lifespan.startup.failed"
-    assert failed["message"] == ("weight transfer: ValueError: vLLM worker 2 has no rank in the weight transfer "
-                                 "group (weight_transfer.ranks_per_server = 2)")
-    with pytest.raises(RuntimeError, match="in no weight transfer group"):
-        TransferWorker(0).pin_transferred_weights(1, 1.0)
-    with pytest.raises(RuntimeError, match="no transferred weights of step 4 are set aside"):
-        TransferWorker(0).load_pinned_weights(4)
+    assert failed["message"] == ("weight transfer: RuntimeError: vLLM worker 0: ValueError: vLLM worker 2 has no "
+                                 "rank in the weight transfer group (weight_transfer.ranks_per_server = 2)")
+    assert TransferWorker(0).pin_transferred_weights(1) == [
+        "error", "RuntimeError: this vLLM worker is in no weight transfer group"]
+    assert TransferWorker(0).load_pinned_weights(4) == [
+        "error", "RuntimeError: no transferred weights of step 4 are set aside on this worker (none are)"]
+    stopped = TransferWorker(0)  # its receiver stopped (the trainer went away) after step 3 was loaded
+    stopped.prime_transfer = types.SimpleNamespace(newest=lambda: (3, "DistNetworkError: connection reset"))
+    stopped.prime_loaded = 3
+    assert stopped.transferred_step() == ["error", "RuntimeError: the weight transfer stopped (DistNetworkError: "
+                                                   "connection reset)"]
+
+
+def test_vllm_workers_stage_in_the_served_dtype_and_refuse_what_overflows_it():
+    from prime_rl.inference.vllm.worker import TransferStage
+
+    stage = TransferStage(torch.device("cpu"), None, torch.float16)
+    staged = stage.stage_tensors({"w": torch.ones(2), "ids": torch.arange(2)}, "weight transfer of step 1")
+    assert staged["w"].dtype == torch.float16 and staged["ids"].dtype == torch.int64  # one host copy, served dtype
+    with pytest.raises(UserError, match="weight transfer of step 2: tensor w holds NaN or infinite values"):
+        stage.stage_tensors({"w": torch.full((2,), 1e5)}, "weight transfer of step 2")  # > float16's 65504
 
 
 def test_vllm_launch_sets_the_transfer_for_its_workers_or_refuses_in_one_line(tmp_path, monkeypatch):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
+import time
 
 import httpx
 import pytest
@@ -17,13 +19,14 @@ from transformers import AutoModelForCausalLM
 from prime_rl.configs.cli import build_config
 from prime_rl.configs.loss import LOSSES
 from prime_rl.inference.builtin.app import create_app
-from prime_rl.inference.builtin.engine import Engine
+from prime_rl.inference.builtin.engine import Engine, shared_prefixes
 from prime_rl.inference.gate import WeightGate
+from prime_rl.inference.protocol import MAX_PROMPTS
 from prime_rl.inference.vllm.middleware import PrimeRLMiddleware, prompt_logprobs_problem
 from prime_rl.launch import rl
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.batch import Sample, pack_batch
-from prime_rl.orchestrator.client import InferenceError, parse_prompt_logprobs
+from prime_rl.orchestrator.client import InferenceError, parse_batch_prompt_logprobs, parse_prompt_logprobs
 from prime_rl.orchestrator.config import ClientConfig, OrchestratorConfig, TeacherConfig
 from prime_rl.orchestrator.teacher import Teacher, opd_advantages
 from prime_rl.trainer.rl.loss import LossInputs, LossScale, build_loss
@@ -85,6 +88,72 @@ def test_builtin_refuses_prompt_logprobs_it_does_not_serve(scoring_app):
     assert "prompt_logprobs" not in plain.json()["choices"][0]
 
 
+def admitted_together(engine: Engine) -> None:
+    """Hold the engine loop before its next admission for half a second, so requests sent meanwhile are
+    prefilled together (an admission in progress ends within its 0.05 s wait)."""
+    engine._turn.acquire()
+    time.sleep(0.1)
+    threading.Timer(0.5, engine._turn.release).start()
+
+
+def own_logprobs(model, ids: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].double()
+    return torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_batch_of_prompts_sharing_prefixes_scores_as_the_model_does(scoring_app, scoring_engine, monkeypatch,
+                                                                      temperature):
+    """One request of many prompts (the teacher's batch: samples of one prompt share it) is prefilled in two
+    forwards, the shared prefixes once; every logprob is still the model's own log_softmax (fp32, 1e-5)."""
+    app, model_dir = scoring_app
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    shared_calls = []
+    prefill_shared = scoring_engine._prefill_shared
+    monkeypatch.setattr(scoring_engine, "_prefill_shared", lambda *a: shared_calls.append(a) or prefill_shared(*a))
+    a, b = [1, 5, 17, 30, 44, 2, 60, 61, 70, 12, 9, 8], [1, 5, 17, 33, 40, 41, 42, 43, 44]
+    prompts = [a + [20, 21, 22, 2], a + [23, 2], b + [50], a + [20, 21, 2], b + [51, 52, 53, 54, 55, 56, 57, 2],
+               [1, 5, 17, 30, 44, 3], [9, 3], b + [50, 58], a + [24] * 20]  # mixed lengths, 2 groups and 2 alone
+    admitted_together(scoring_engine)
+    answer, = post_all(app, [{"prompt": prompts, "max_tokens": 1, "temperature": temperature,
+                              "prompt_logprobs": 0, "return_token_ids": True}])
+    assert answer.status_code == 200, answer.text
+    assert len(shared_calls) == 1  # all prefilled together, sharing
+    data = answer.json()
+    assert data["prompt_token_ids"] == prompts[0] and data["usage"]["prompt_tokens"] == sum(map(len, prompts))
+    assert [c["index"] for c in data["choices"]] == list(range(len(prompts)))
+    for ids, served in zip(prompts, parse_batch_prompt_logprobs(data, prompts), strict=True):
+        served = torch.tensor(served, dtype=torch.float64)
+        own = own_logprobs(model, ids, temperature)
+        assert torch.allclose(served, own, atol=1e-5, rtol=0), (ids, (served - own).abs().max())
+
+
+def test_shared_prefixes_group_the_samples_of_one_prompt():
+    a, b = [1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9, 9]
+    prompts = [a + [10], a + [11, 12], b + [13], a + [14], b + [15], None, [99]]
+    group, shared = shared_prefixes(prompts)
+    assert shared == [6, 6, 6, 6, 6, 0, 0]  # the prompts, not the template start (1, 2, 3) all share
+    assert group[0] == group[1] == group[3] != group[2] == group[4] and group[5] == group[6] == -1
+    assert shared_prefixes([[5, 6, 7], [5, 6, 7]]) == ([0, 0], [2, 2])  # the last token always in the rest
+    assert shared_prefixes([[1, 2, 3], [1, 5, 6]]) is None  # saves 1 of 6 tokens: one forward is cheaper
+    assert shared_prefixes([[1, 2, 3], None]) is None and shared_prefixes([]) is None
+
+
+def test_a_batch_with_a_prompt_too_long_fails_whole_and_the_server_goes_on(scoring_app):
+    app, _ = scoring_app
+    body = {"max_tokens": 1, "prompt_logprobs": 0}
+    too_long, empty, plain = post_all(app, [body | {"prompt": [[5, 6, 7], [5] * 64]}, body | {"prompt": [[5], []]},
+                                            {"prompt": [[5, 6], [7, 8, 9]], "max_tokens": 2, "n": 2, "seed": 3}])
+    assert too_long.status_code == 400 and "exceeds the context length 64" in too_long.json()["error"]["message"]
+    assert empty.status_code == 400
+    assert plain.status_code == 200 and [c["index"] for c in plain.json()["choices"]] == [0, 1, 2, 3]
+    assert [c["prompt_token_ids"] for c in plain.json()["choices"]] == [[5, 6], [5, 6], [7, 8, 9], [7, 8, 9]]
+    assert all("prompt_logprobs" not in c and len(c["token_ids"]) == 2 for c in plain.json()["choices"])
+    many, = post_all(app, [body | {"prompt": [[5]] * (MAX_PROMPTS + 1)}])
+    assert many.status_code == 400 and f"at most {MAX_PROMPTS} prompts" in many.json()["error"]["message"]
+
+
 # ---------------------------------------------------------------------------- vLLM glue (no vLLM needed)
 
 
@@ -143,7 +212,9 @@ def fake_logprob(position: int, token: int) -> float:
 
 
 async def fake_teacher(mode: str = "good", context_len: int = 64):
-    """A teacher server on a free port: 'good', 'nan' (a NaN logprob), 'malformed' (no prompt_logprobs)."""
+    """A teacher server on a free port that scores one prompt or a batch of them (vLLM's shape: choice i per
+    prompt i, each with its `prompt_token_ids`): 'good', 'nan' (a NaN logprob), 'malformed' (no
+    prompt_logprobs), 'fail_long' (a 500 for a batch holding a prompt of more than 6 tokens)."""
     seen: list[dict] = []
 
     async def models(_):
@@ -152,15 +223,22 @@ async def fake_teacher(mode: str = "good", context_len: int = 64):
     async def completions(request):
         body = await request.json()
         seen.append(body)
-        ids = body["prompt"]
-        entries = [None] + [{str(t): {"logprob": fake_logprob(i, t), "rank": 1}} for i, t in enumerate(ids) if i]
-        if mode == "nan":
-            entries[-1][str(ids[-1])]["logprob"] = float("nan")
-        choice = {"index": 0, "text": "", "token_ids": [0], "finish_reason": "length"}
-        if mode != "malformed":
-            choice["prompt_logprobs"] = entries
-        return web.Response(text=json.dumps({"prompt_token_ids": ids, "choices": [choice]}),
-                            content_type="application/json")
+        batched = isinstance(body["prompt"][0], list)
+        prompts = body["prompt"] if batched else [body["prompt"]]
+        if mode == "fail_long" and any(len(ids) > 6 for ids in prompts):
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        choices = []
+        for ids in prompts:
+            entries = [None] + [{str(t): {"logprob": fake_logprob(i, t), "rank": 1}} for i, t in enumerate(ids) if i]
+            if mode == "nan":
+                entries[-1][str(ids[-1])]["logprob"] = float("nan")
+            choice = {"index": len(choices), "text": "", "token_ids": [0], "finish_reason": "length",
+                      "prompt_token_ids": ids}
+            if mode != "malformed":
+                choice["prompt_logprobs"] = entries
+            choices.append(choice)
+        return web.Response(text=json.dumps({"prompt_token_ids": prompts[0], "choices": choices[::-1]}),
+                            content_type="application/json")  # reversed: the client orders them by index
 
     app = web.Application()
     app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", completions)])
@@ -199,9 +277,10 @@ def test_teacher_logprobs_land_in_the_batch_aligned_with_the_sampled_tokens():
                    completion_mask=[True, True, True, False, False, False, True, True])  # 3 environment tokens
     masked = Sample([1, 60], [61, 2], [-0.1, -0.1], 0.3, 0, train=False)  # e.g. a masked truncated completion
     samples = [*single, multi, masked]
-    metrics, seen = run_teacher(samples, opd_coef=2.0, task_coef=0.5)
-    assert len(seen) == 4 and all(b["temperature"] == 0.8 and b["prompt_logprobs"] == 0 for b in seen)
-    assert seen[0]["prompt"] == prompt + [20, 21, 2]  # the full sample, as the trainer sees it
+    metrics, seen = run_teacher(samples, opd_coef=2.0, task_coef=0.5, samples_per_request=3)
+    assert len(seen) == 2 and all(b["temperature"] == 0.8 and b["prompt_logprobs"] == 0 for b in seen)
+    assert [len(b["prompt"]) for b in seen] == [3, 1]  # 4 trained samples, 3 per request
+    assert seen[0]["prompt"][0] == prompt + [20, 21, 2]  # the full sample, as the trainer sees it
     (batch,) = pack_batch(samples, 64, 1, 0, SamplingRule(0.8), 16, optional=("teacher_logprobs",))
     checked = []
     for mb in batch.micro_batches:
@@ -225,7 +304,8 @@ def test_teacher_logprobs_land_in_the_batch_aligned_with_the_sampled_tokens():
 def test_a_sample_longer_than_the_teachers_context_trains_no_token():
     short, long = group([1, 10], [[20, 2], [21, 22, 23, 24, 25, 26, 2]])
     metrics, seen = run_teacher([short, long], context_len=6)  # the long one (9 tokens) + 1 does not fit
-    assert len(seen) == 1 and not any(long.trained()) and short.teacher_logprobs is not None
+    assert [b["prompt"] for b in seen] == [[[1, 10, 20, 2]]]
+    assert not any(long.trained()) and short.teacher_logprobs is not None
     assert metrics["rollout/teacher_skipped_frac"] == 0.5
 
 
@@ -233,11 +313,43 @@ def test_a_sample_longer_than_the_teachers_context_trains_no_token():
     ("nan", False, "not a finite log-probability"),
     ("malformed", False, "malformed prompt logprobs"),
     ("good", True, "unreachable"),
+    ("fail_long", False, "answered 500 .*boom"),  # one of the step's requests fails, the others succeed
 ])
 def test_a_teacher_that_answers_nan_or_garbage_or_dies_ends_the_run_naming_the_teacher(mode, stop, message):
+    samples = group([1, 10], [[20, 2], [21, 2], [22, 23, 24, 25, 26, 2]])  # the last: a request of its own
     with pytest.raises(InferenceError, match=message) as error:
-        run_teacher(group([1, 10], [[20, 2]]), mode=mode, stop_server=stop)
+        run_teacher(samples, mode=mode, stop_server=stop, samples_per_request=2)
     assert str(error.value).startswith("teacher: ") and "\n" not in str(error.value)
+
+
+def test_mixed_lengths_across_requests_keep_each_samples_logprobs():
+    samples = [*group([1, 10], [[20, 2], [21, 22, 23, 24, 25, 2], [26, 2]]), *group([1, 11, 12, 13], [[30, 31, 2]])]
+    for size in (1, 2, 4):
+        for s in samples:
+            s.teacher_logprobs = None
+        _, seen = run_teacher(samples, samples_per_request=size)
+        assert len(seen) == -(-4 // size)
+        for s in samples:
+            ids = s.prompt_ids + s.completion_ids
+            assert s.teacher_logprobs == pytest.approx([fake_logprob(len(s.prompt_ids) + j, t)
+                                                        for j, t in enumerate(s.completion_ids)], abs=1e-9)
+            assert len(s.teacher_logprobs) == len(ids) - len(s.prompt_ids)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda a: a["choices"].pop(), "1 choices for 2 prompts"),
+    (lambda a: a["choices"][1].update(prompt_token_ids=[4, 9, 7]), "choice 1's prompt_token_ids"),
+    (lambda a: a["choices"][0]["prompt_logprobs"][1]["9"].update(logprob=float("inf")), "not a finite"),
+])
+def test_a_malformed_batch_answer_is_a_one_line_error(edit, message):
+    second = json.loads(json.dumps(VLLM_ANSWER["choices"][0])) | {"index": 1, "prompt_token_ids": [4, 9],
+                                                                   "prompt_logprobs": [None, {"9": {"logprob": -1.0}}]}
+    answer = {"choices": [json.loads(json.dumps(VLLM_ANSWER["choices"][0])), second]}
+    assert parse_batch_prompt_logprobs(answer, [[4, 9, 7], [4, 9]]) == [[-0.5, -2.0], [-1.0]]
+    edit(answer)
+    with pytest.raises(InferenceError, match=message) as error:
+        parse_batch_prompt_logprobs(answer, [[4, 9, 7], [4, 9]])
+    assert "\n" not in str(error.value)
 
 
 # ---------------------------------------------------------------------------- the OPD math

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import torch
 
@@ -41,3 +42,30 @@ def test_a_round_trip_keeps_names_dtypes_shapes_and_bits():
         out = got["tensors"][name]
         assert out.dtype == tensor.dtype and out.shape == tensor.shape
         assert torch.equal(out.view(torch.uint8), tensor.view(torch.uint8)), name  # bit for bit, NaN included
+
+
+def test_a_server_waits_for_the_next_update_longer_than_the_groups_timeout():
+    """A trainer step may take longer than any collective may: servers wait for an update's announcement on the
+    store, without the group's timeout (1 s here), and only then join its broadcasts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    got, errors = [], []
+
+    def server():
+        try:
+            group = open_group(address, 1, 2, 1, torch.device("cpu"))
+            for _ in range(2):
+                got.append(receive(group, torch.device("cpu")))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=server)
+    thread.start()
+    group = open_group(address, 0, 2, 1, torch.device("cpu"))
+    for step in (1, 2):
+        time.sleep(2.5)  # a long trainer step
+        send(group, step, {"w": torch.full((3,), float(step))}, torch.device("cpu"))
+    thread.join(timeout=30)
+    assert not errors, errors
+    assert [(step, tensors["w"].tolist()) for step, tensors in got] == [(1, [1.0] * 3), (2, [2.0] * 3)]

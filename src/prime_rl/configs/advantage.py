@@ -27,12 +27,32 @@ class _AdvantageBase(BaseConfig):
     each sample's reward (the batch's `rewards`) instead of an advantage."""
 
     def arguments(self) -> dict[str, Any]:
-        """The keyword arguments of the implementation: every field but `type`."""
-        return {name: getattr(self, name) for name in type(self).model_fields if name != "type"}
+        """The keyword arguments of the implementation: every field but `type` (and a group type's KL fields,
+        which the trainer applies)."""
+        skip = {"type"} if self.token_level else {"type", "kl_in_reward", "kl_coef"}
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
+
+    @property
+    def group_kl(self) -> bool:
+        """A group type with `kl_in_reward`: the trainer recomputes its advantages from each sample's reward minus
+        its KL to the reference (`trainer/rl/group_kl.py`); the orchestrator sends rewards and groups."""
+        return not self.token_level and getattr(self, "kl_in_reward", None) is not None
+
+
+class _GroupKl(_AdvantageBase):
+    """The KL-in-reward option of the group types (verl's `use_kl_in_reward`)."""
+
+    kl_in_reward: Literal["k1", "k3"] | None = None
+    """Fold the KL to the reference model (model.name, frozen) into each sample's reward before the group
+    comparison: r_i - kl_coef * sum_t KL_t over its trained tokens (k1 = lq - lref, k3 = exp(lref - lq) -
+    (lref - lq) - 1; lq: the sampler's logprob). The trainer computes these advantages (it has the reference
+    model); none: the orchestrator's, from the rewards alone."""
+    kl_coef: float = Field(default=0.01, ge=0)
+    """Weight of the KL in the reward (with kl_in_reward)."""
 
 
 @ADVANTAGES.config
-class GrpoAdvantageConfig(_AdvantageBase):
+class GrpoAdvantageConfig(_GroupKl):
     """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within each group (sample std)."""
 
     type: Literal["grpo"] = "grpo"
@@ -41,21 +61,21 @@ class GrpoAdvantageConfig(_AdvantageBase):
 
 
 @ADVANTAGES.config
-class DrGrpoAdvantageConfig(_AdvantageBase):
+class DrGrpoAdvantageConfig(_GroupKl):
     """Dr. GRPO: A_i = r_i - mean(r) within each group."""
 
     type: Literal["dr_grpo"] = "dr_grpo"
 
 
 @ADVANTAGES.config
-class RlooAdvantageConfig(_AdvantageBase):
+class RlooAdvantageConfig(_GroupKl):
     """RLOO: A_i = r_i - mean_{j != i} r_j (leave-one-out baseline) within each group."""
 
     type: Literal["rloo"] = "rloo"
 
 
 @ADVANTAGES.config
-class RppBaselineAdvantageConfig(_AdvantageBase):
+class RppBaselineAdvantageConfig(_GroupKl):
     """REINFORCE++-baseline: a_i = r_i - mean(r) within each group, then whitened over the whole batch."""
 
     type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"

@@ -101,7 +101,8 @@ class WeightTransferConfig(BaseConfig):
     """This process's rank in the group: 0 the trainer; a server's first rank (server s of 0..servers-1:
     1 + s * ranks_per_server; a vLLM worker adds its tensor-parallel rank). rl sets each."""
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
-    """Longest the group's setup or one broadcast may take."""
+    """Longest the group's setup or one update's broadcasts may take (rl: at least deployment.startup_timeout_s,
+    since the servers join once started). Between updates a server waits without limit."""
 
     @property
     def world_size(self) -> int:

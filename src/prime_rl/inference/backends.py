@@ -55,6 +55,9 @@ def serve_builtin(config: InferenceConfig) -> None:
                     threads=b.threads)
     receiver = None
     if config.weight_transfer.mode == "distributed":  # the trainer's broadcasts (inference/transfer.py)
+        if config.weight_transfer.ranks_per_server != 1:
+            raise UserError(f"weight_transfer.ranks_per_server = {config.weight_transfer.ranks_per_server}, but a "
+                            "builtin server is one rank of the transfer group")
         from prime_rl.inference.transfer import TransferReceiver
 
         receiver = TransferReceiver(config.weight_transfer, engine)

@@ -211,15 +211,26 @@ class ChatRequest(SamplingFields):
         return self
 
 
+MAX_PROMPTS = 1024  # prompts of one completions request (a batch of token-id prompts)
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[Int] = Field(min_length=1)
+    prompt: str | list[Int] | list[Annotated[list[Int], Field(min_length=1)]] = Field(min_length=1)
+    """A text, token ids, or a batch of token-id prompts (as vLLM: choice p * n + j is prompt p's choice j)."""
     echo: bool = False
 
     @model_validator(mode="after")
     def _no_echo(self):
         if self.echo:
             raise ValueError("echo is not supported by the builtin backend")
+        if self.batched and len(self.prompt) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
         return self
+
+    @property
+    def batched(self) -> bool:
+        """The prompt is a list of token-id prompts."""
+        return isinstance(self.prompt, list) and isinstance(self.prompt[0], list)
 
 
 def context_overflow(prompt_tokens: int, max_tokens: int, context_len: int) -> str | None:

@@ -58,8 +58,8 @@ class TransferReceiver:
                 step, tensors = receive(group, device)
                 try:
                     staged = self.engine.stage_tensors(tensors, f"weight transfer of step {step}")
-                except UserError as exc:
-                    log.error(f"dropped the transferred weights of step {step}: {exc}")
+                except Exception as exc:  # the stream is intact (the update was received whole): go on
+                    log.error(f"dropped the transferred weights of step {step}: {first_line(exc)}")
                     continue
                 with self._ready:
                     self.staged = (step, staged)
@@ -69,6 +69,18 @@ class TransferReceiver:
                 self.error = first_line(exc)
                 self._ready.notify_all()
             log.info(f"weight transfer stopped ({self.error})")
+
+    def newest(self) -> tuple[int, str | None]:
+        """Without waiting: the newest staged update's step (-1: none yet) and why the thread stopped (None:
+        it still receives)."""
+        with self._ready:
+            return (self.staged[0] if self.staged is not None else -1), self.error
+
+    def release(self, step: int) -> None:
+        """Drop the staged tensors of `step` once they are loaded (its step stays the newest staged)."""
+        with self._ready:
+            if self.staged is not None and self.staged[0] == step:
+                self.staged = (step, None)
 
     def take(self, step: int, timeout_s: float) -> tuple[int, Any]:
         """The newest staged update, once its step is >= `step` (at most `timeout_s`): (its step, it)."""

@@ -249,11 +249,14 @@ def assign_transfer_ranks(config: RLConfig, servers: list[InferenceConfig], addr
     each server's ranks in order: one for a builtin server, one per tensor-parallel worker for vLLM."""
     per_server = config.inference.vllm.tensor_parallel_size if resolved_backend(config.inference.backend) == "vllm" \
         else 1
+    # The servers join once started (vLLM: after loading and compiling), which may take startup_timeout_s.
+    setup_s = max(config.weight_transfer.timeout_s, config.deployment.startup_timeout_s)
     transfer = config.weight_transfer.model_copy(update={"address": address, "servers": len(servers),
-                                                         "ranks_per_server": per_server})
+                                                         "ranks_per_server": per_server, "timeout_s": setup_s})
     config.trainer.weight_transfer = transfer
     for i, server in enumerate(servers):
         server.weight_transfer = transfer.model_copy(update={"rank": 1 + i * per_server})
+
 
 def is_server(name: str) -> bool:
     return name in SERVERS or name.startswith("inference_")

@@ -8,7 +8,9 @@ trained tokens, unless it has per-token advantages (`token_advantages`, the OPD 
 `orchestrator/teacher.py`). With a teacher every row carries `teacher_logprobs` (the
 teacher's logprob of each trained token); with a token-level advantage type every row carries
 `rewards` (the sample's reward on its last trained token, 0 elsewhere: the trainer computes the
-advantages). All of them are 0 off the loss mask.
+advantages). All of them are 0 off the loss mask. With a group type's `kl_in_reward` every row
+carries `sample_groups` and `sample_rewards` per segment (the sample's group within the step and
+its reward; -1 and 0 for a root or padding): the trainer recomputes the group advantages.
 
 Shared prefixes: consecutive samples with the same prompt (a group's completions) form one
 *unit*, its prompt laid out once (`utils.batch_format`: root = prompt[:-1], one branch
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prime_rl.utils.batch_format import MicroBatch, RankBatch
+from prime_rl.utils.batch_format import OPTIONAL_SAMPLE_FIELDS, MicroBatch, RankBatch
 from prime_rl.utils.packing import first_fit_decreasing
 from prime_rl.utils.sampling_rule import SamplingRule
 
@@ -46,6 +48,7 @@ class Sample:
     teacher_logprobs: list[float] | None = None  # per completion token: the teacher's logprob (orchestrator/teacher.py)
     token_advantages: list[float] | None = None  # per completion token: replaces `advantage` when set
     reward: float = 0.0  # the sample's reward (the batch's `rewards`, for token-level advantage types)
+    group: int = -1  # the sample's group within the step (the batch's `sample_groups`)
 
     def trained(self) -> list[bool]:
         """Per completion token: does it carry loss."""
@@ -81,7 +84,7 @@ class Sample:
 
         return Sample(self.prompt_ids, self.completion_ids[:keep], self.completion_logprobs[:keep],
                       self.advantage, self.policy_step, self.train, cut(self.completion_mask),
-                      cut(self.teacher_logprobs), cut(self.token_advantages), self.reward)
+                      cut(self.teacher_logprobs), cut(self.token_advantages), self.reward, self.group)
 
 
 def assign_rows(row_tokens: list[int], world_size: int) -> list[list[int]]:
@@ -124,8 +127,9 @@ class _Row:
 
     def __init__(self, optional: tuple[str, ...] = ()):
         self.ids, self.positions, self.mask, self.logprobs, self.advantages = [], [], [], [], []
-        self.lens, self.steps = [], []
-        self.optional: dict[str, list[float]] = {name: [] for name in optional}
+        self.lens, self.steps, self.groups, self.rewards = [], [], [], []
+        self.per_sample = any(name in OPTIONAL_SAMPLE_FIELDS for name in optional)
+        self.optional: dict[str, list[float]] = {name: [] for name in optional if name not in OPTIONAL_SAMPLE_FIELDS}
 
     def segment(self, context: list[int], first_position: int, s: Sample | None, policy_step: int) -> None:
         """Append a segment from `first_position`: `context` tokens (not trained), then `s`'s completion
@@ -145,6 +149,8 @@ class _Row:
             values += [0.0] * len(context) + [v if t else 0.0 for v, t in zip(own, trained, strict=True)]
         self.lens.append(len(context) + n)
         self.steps.append(policy_step)
+        self.groups.append(s.group if s is not None else -1)
+        self.rewards.append(s.reward if s is not None else 0.0)
 
     def unit(self, samples: list[Sample]) -> None:
         prompt = samples[0].prompt_ids
@@ -165,12 +171,14 @@ class _Row:
             advantages=torch.tensor(self.advantages, dtype=torch.float32),
             policy_step=torch.tensor(self.steps, dtype=torch.long),
             **{name: torch.tensor(values, dtype=torch.float32) for name, values in self.optional.items()},
+            **({"sample_groups": torch.tensor(self.groups, dtype=torch.long),
+                "sample_rewards": torch.tensor(self.rewards, dtype=torch.float32)} if self.per_sample else {}),
         )
 
 
 def micro_batch(units: list[list[Sample]], optional: tuple[str, ...] = ()) -> MicroBatch:
-    """One packed row of `units` (see `make_units`), with the optional per-token fields named in `optional`
-    (`teacher_logprobs`, `rewards`)."""
+    """One packed row of `units` (see `make_units`), with the optional fields named in `optional`
+    (`teacher_logprobs`, `rewards`; `sample_groups`, which brings `sample_rewards`)."""
     row = _Row(optional)
     for unit in units:
         row.unit(unit)

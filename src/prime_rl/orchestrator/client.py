@@ -115,17 +115,41 @@ def parse_prompt_logprobs(data: dict[str, Any], ids: list[int]) -> list[float]:
         echoed = data.get("prompt_token_ids")
         if echoed is not None and [int(t) for t in echoed] != ids:
             raise ValueError("the answer's prompt_token_ids are not the ids sent")
-        entries = data["choices"][0]["prompt_logprobs"]
-        if len(entries) != len(ids):
-            raise ValueError(f"{len(entries)} prompt logprobs for {len(ids)} tokens")
-        values = []
-        for token, entry in zip(ids[1:], entries[1:], strict=True):
-            value = entry[str(token)]["logprob"]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"logprob {value!r} is not a number")
-            values.append(float(value))
+        return _choice_prompt_logprobs(data["choices"][0], ids)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise InferenceError(f"malformed prompt logprobs from the server ({type(exc).__name__}: {exc})") from None
+
+
+def parse_batch_prompt_logprobs(data: dict[str, Any], prompts: list[list[int]]) -> list[list[float]]:
+    """`parse_prompt_logprobs` of every prompt of a batched request (`prompt` a list of token-id lists, n = 1):
+    choice i (by its `index`) scores prompt i, and its own `prompt_token_ids`, when given, must be prompt i."""
+    try:
+        choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
+        if len(choices) != len(prompts):
+            raise ValueError(f"{len(choices)} choices for {len(prompts)} prompts")
+        scored = []
+        for i, (choice, ids) in enumerate(zip(choices, prompts, strict=True)):
+            echoed = choice.get("prompt_token_ids")
+            if echoed is not None and [int(t) for t in echoed] != ids:
+                raise ValueError(f"choice {i}'s prompt_token_ids are not the ids of prompt {i}")
+            scored.append(_choice_prompt_logprobs(choice, ids))
+        return scored
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise InferenceError(f"malformed prompt logprobs from the server ({type(exc).__name__}: {exc})") from None
+
+
+def _choice_prompt_logprobs(choice: dict[str, Any], ids: list[int]) -> list[float]:
+    """One choice's `prompt_logprobs` of `ids` (ValueError and the like when malformed, InferenceError when a
+    value is not a finite log-probability)."""
+    entries = choice["prompt_logprobs"]
+    if len(entries) != len(ids):
+        raise ValueError(f"{len(entries)} prompt logprobs for {len(ids)} tokens")
+    values = []
+    for token, entry in zip(ids[1:], entries[1:], strict=True):
+        value = entry[str(token)]["logprob"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"logprob {value!r} is not a number")
+        values.append(float(value))
     bad = next((i for i, v in enumerate(values) if not (math.isfinite(v) and v <= 0.0)), None)
     if bad is not None:
         raise InferenceError(f"the server gave prompt token {bad + 1} (id {ids[bad + 1]}) the logprob {values[bad]}: "
@@ -249,13 +273,22 @@ class InferenceClient:
     async def score(self, ids: list[int], temperature: float) -> list[float]:
         """log p(ids[i] | ids[:i]) for i >= 1 under the served model at `temperature` (untruncated): one
         completions request with `prompt_logprobs: 0` (and one generated token, which both backends need)."""
-        body: dict[str, Any] = {"prompt": ids, "n": 1, "max_tokens": 1, "temperature": temperature,
+        data = await self._request_scores(ids, temperature)
+        return parse_prompt_logprobs(data, ids)
+
+    async def score_many(self, prompts: list[list[int]], temperature: float) -> list[list[float]]:
+        """`score` of several token-id lists in one request (`prompt` a list of them, as both backends take it),
+        which the server prefills together; one that fails fails them all."""
+        data = await self._request_scores(prompts, temperature)
+        return parse_batch_prompt_logprobs(data, prompts)
+
+    async def _request_scores(self, prompt: list[int] | list[list[int]], temperature: float) -> dict[str, Any]:
+        body: dict[str, Any] = {"prompt": prompt, "n": 1, "max_tokens": 1, "temperature": temperature,
                                 "prompt_logprobs": 0, "return_token_ids": True}
         if self.model is not None:
             body["model"] = self.model
         async with self._limit:
-            data = await self._request("POST", f"{self.base_url}/completions", body)
-        return parse_prompt_logprobs(data, ids)
+            return await self._request("POST", f"{self.base_url}/completions", body)
 
     async def served_step(self) -> int:
         """The weight step the server serves now (from a one-token request: works on every backend)."""

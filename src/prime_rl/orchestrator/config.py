@@ -172,6 +172,10 @@ class TeacherConfig(BaseConfig):
     temperature: Annotated[float, Field(ge=MIN_TRAIN_TEMPERATURE, allow_inf_nan=False)] | None = None
     """Temperature the teacher scores at: lt_t = log_softmax(z_teacher / this)[x_t]; below the sampling temperature the
     student is distilled towards a sharper teacher. None: the sampling temperature (the distribution sampled from)."""
+    samples_per_request: Annotated[int, Field(ge=1, le=1024)] = 64
+    """Samples scored per request to the teacher (`prompt` a list of token-id lists, which both backends take): the
+    server prefills them together, and a step's scoring costs a few requests instead of one per sample
+    (docs/benchmarks.md#teacher-scoring). Requests in flight: at most the client's max_concurrency."""
     opd_center: bool = False
     """Subtract the step's mean of teacher_t - lq_t over its trained tokens from every token's OPD term (a constant
     baseline, as Tinker's distillation does; slime's does not): same expected gradient, less variance."""
@@ -258,6 +262,13 @@ class OrchestratorConfig(RunConfig):
             if clashing:
                 raise ValueError(f"advantage type '{self.advantage.type}' is computed per token by the trainer: "
                                  f"{clashing[0]} needs the orchestrator's advantages (turn it off)")
+        if self.advantage.group_kl:  # the trainer recomputes the group advantages with the KL in the reward
+            clashing = [name for name in ("normalize_advantages",) if getattr(self, name)] + (
+                ["teacher"] if self.teacher is not None else [])
+            if clashing:
+                raise ValueError(f"advantage.kl_in_reward makes the trainer compute the '{self.advantage.type}' "
+                                 f"advantages from rewards minus the KL: {clashing[0]} needs the orchestrator's "
+                                 "(turn one of them off)")
         names = [e.metric_name for e in self.env]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

@@ -141,11 +141,12 @@ class Orchestrator:
 
     def samples(self, groups: list[Group], advantages: torch.Tensor) -> list[Sample]:
         samples = []
-        for group, row in zip(groups, advantages.tolist(), strict=True):
+        for index, (group, row) in enumerate(zip(groups, advantages.tolist(), strict=True)):
             for completion, advantage, reward in zip(group.result.completions, row, group.rewards, strict=True):
                 train = not (self.config.mask_truncated and completion.truncated)
                 sample = Sample(group.result.prompt_token_ids, completion.token_ids, completion.logprobs, advantage,
-                                group.result.policy_step(completion), train, completion.mask, reward=reward)
+                                group.result.policy_step(completion), train, completion.mask, reward=reward,
+                                group=index)
                 if len(sample) > self.config.seq_len:
                     log.warning(f"a rollout of {len(sample)} tokens is cut to seq_len {self.config.seq_len}")
                     sample = sample.truncate(self.config.seq_len)
@@ -175,7 +176,7 @@ class Orchestrator:
         if self.teacher is not None:  # teacher logprobs and the OPD advantage (orchestrator/teacher.py)
             metrics |= await self.teacher.apply(samples, c.teacher_temperature)
         optional = (("teacher_logprobs",) if self.teacher is not None else ()) + (
-            ("rewards",) if c.advantage.token_level else ())
+            ("rewards",) if c.advantage.token_level else ()) + (("sample_groups",) if c.advantage.group_kl else ())
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
                              c.share_prompts, optional, c.advantage.type)
         write_step(c.output_dir, step, batches)

@@ -3,8 +3,9 @@
 The teacher is a second model behind an inference server (`[teacher]`, `TeacherConfig`). For
 every sample that trains, the orchestrator sends the sample's token ids (prompt + completion,
 exactly the ids the trainer gets) to the teacher's `/v1/completions` with `prompt_logprobs: 0`
-at temperature T (`InferenceClient.score`; `teacher.temperature`, by default the sampling
-temperature), and gets for every token after the first
+at temperature T (`teacher.temperature`, by default the sampling temperature), several samples
+per request (`teacher.samples_per_request`, `InferenceClient.score_many`: the server prefills
+them together), and gets for every token after the first
 
     lt_t = log softmax(z_teacher(x_<t) / T)[x_t]        (no top-k/top-p/min-p truncation)
 
@@ -81,7 +82,8 @@ class Teacher:
             raise InferenceError(f"teacher: {exc}") from None
 
     async def apply(self, samples: list[Sample], temperature: float) -> dict[str, float]:
-        """Score every sample that trains (concurrently, at most the client's max_concurrency requests), set its
+        """Score every sample that trains (`samples_per_request` per request, the requests concurrently, at most the
+        client's max_concurrency of them), set its
         `teacher_logprobs` and OPD `token_advantages`; a sample the teacher's context cannot hold stops training.
         Returns the step's teacher metrics."""
         start = time.monotonic()
@@ -91,11 +93,13 @@ class Teacher:
         for s in too_long:
             s.train = False
         scored = [s for s in training if s.train]
+        size = self.config.samples_per_request
+        chunks = [[s.prompt_ids + s.completion_ids for s in scored[i:i + size]] for i in range(0, len(scored), size)]
         try:
-            results = await asyncio.gather(*(self.client.score(s.prompt_ids + s.completion_ids, temperature)
-                                             for s in scored))
+            answers = await asyncio.gather(*(self.client.score_many(chunk, temperature) for chunk in chunks))
         except InferenceError as exc:
             raise InferenceError(f"teacher: {exc}") from None
+        results = [logprobs for answer in answers for logprobs in answer]
         teachers = [logprobs[len(s.prompt_ids) - 1:] for s, logprobs in zip(scored, results, strict=True)]
         diffs = [lt - lq for s, teacher in zip(scored, teachers, strict=True)
                  for lt, lq, t in zip(teacher, s.completion_logprobs, s.trained(), strict=True) if t]

@@ -51,6 +51,19 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_gather_rows(rows: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+    """Every rank's `rows` ([N_r, K] float64, N_r may differ between ranks), in rank order, on the CPU."""
+    count = torch.tensor([rows.shape[0]], dtype=torch.long, device=device)
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    longest = max(int(c) for c in counts)
+    padded = torch.zeros((longest, rows.shape[1]), dtype=torch.float64, device=device)
+    padded[:rows.shape[0]] = rows.to(device=device, dtype=torch.float64)
+    gathered = [torch.zeros_like(padded) for _ in counts]
+    dist.all_gather(gathered, padded)
+    return [g[:int(c)].cpu() for g, c in zip(gathered, counts, strict=True)]
+
+
 def barrier() -> None:
     dist.barrier()
 

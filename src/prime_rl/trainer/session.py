@@ -151,12 +151,14 @@ class TrainSession:
         have deleted them while the interrupted run went on past its checkpoint."""
         if self.start_step == 0:
             return
-        # Every rank must agree (writing is a collective): rank 0's view decides.
-        missing = self.dist.is_main and not weights_dir(self.output_dir, self.start_step).is_dir()
+        # Every rank must agree (writing is a collective): rank 0's view decides. A marker of the distributed
+        # transfer names weights that went to the previous run's servers: these get them again.
+        missing = self.dist.is_main and (self.distributed_transfer
+                                         or not weights_dir(self.output_dir, self.start_step).is_dir())
         (missing,) = all_reduce_sum([int(missing)], self.dist.device)
         if missing:
             self._write_weights(self.start_step)
-            self.log.info(f"rewrote {weights_dir(self.output_dir, self.start_step)} from the resumed checkpoint")
+            self.log.info(f"published the weights of step {self.start_step} again from the resumed checkpoint")
 
     def perf_metrics(self, tokens: int, step_time: float, avg_seq_len: float) -> dict[str, float]:
         """perf/* of one step; `tokens` counts this rank only (summed over ranks here)."""

@@ -22,7 +22,9 @@ token (its logprob is predicted from position t - 1), so the first token of ever
 is never trained. Samples are laid end to end as *segments* (`sample_lens`). Optional per-token
 fields: `ref_logprobs`, `teacher_logprobs` (on-policy distillation) and `rewards` (token-level
 advantage types: each sample's reward on its last trained token, 0 elsewhere; `advantages` is
-then 0 and the trainer computes them).
+then 0 and the trainer computes them). Optional per-segment fields (group types with
+`kl_in_reward`, whose advantages the trainer recomputes): `sample_groups` (the sample's group
+within the step, -1 for a root or padding) and `sample_rewards` (its reward, 0 there).
 
 Shared prefixes: a segment whose `position_ids` start at 0 is a *root*. A segment starting
 at p > 0 is a *branch*: it continues the nearest preceding root, which must be exactly p
@@ -50,6 +52,7 @@ from prime_rl.utils.fs import atomic_dir
 from prime_rl.utils.sampling_rule import SamplingRule
 
 OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs", "rewards")
+OPTIONAL_SAMPLE_FIELDS = ("sample_groups", "sample_rewards")
 
 
 @dataclass
@@ -64,6 +67,8 @@ class MicroBatch:
     ref_logprobs: torch.Tensor | None = None  # float32 [T]
     teacher_logprobs: torch.Tensor | None = None  # float32 [T]
     rewards: torch.Tensor | None = None  # float32 [T]: a sample's reward on its last trained token, else 0
+    sample_groups: torch.Tensor | None = None  # long [S]: each segment's group within the step (-1: no sample)
+    sample_rewards: torch.Tensor | None = None  # float32 [S]: each segment's reward (0: no sample)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -94,8 +99,10 @@ class MicroBatch:
                 raise ValueError(f"micro-batch field {name} has shape {tuple(value.shape)}, expected ({T},)")
         if int(self.sample_lens.sum()) != T:
             raise ValueError(f"sample_lens sum to {int(self.sample_lens.sum())}, expected {T}")
-        if self.policy_step.shape != self.sample_lens.shape:
-            raise ValueError("policy_step must have one entry per sample")
+        for name in ("policy_step", *OPTIONAL_SAMPLE_FIELDS):
+            value = getattr(self, name)
+            if value is not None and value.shape != self.sample_lens.shape:
+                raise ValueError(f"{name} must have one entry per sample")
         segment_roots(self.position_ids, self.sample_lens)  # raises on a malformed layout
 
     def to_dict(self) -> dict:

@@ -40,6 +40,7 @@ from prime_rl.inference.protocol import (
     CompletionRequest,
     SamplingFields,
     UpdateWeightsRequest,
+    context_overflow,
     parse_json,
 )
 from prime_rl.inference.transfer import TransferReceiver
@@ -130,28 +131,44 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
             raise HTTPError(404, f"model '{body.model}' does not exist (this server serves '{served_model}')")
 
     async def generate(prompt_ids: list[int], body: SamplingFields) -> tuple[list[Completion], int]:
+        (completions,), step = await generate_many([prompt_ids], body)
+        return completions, step
+
+    async def generate_many(prompts: list[list[int]], body: SamplingFields) -> tuple[list[list[Completion]], int]:
+        """Each prompt's `n` completions, all submitted at once under one admission of the gate (so the engine
+        prefills them together), and the oldest step their first tokens were sampled under. Any prompt that
+        fails fails the whole request, as on vLLM."""
         try:
             stops = body.stop_strings
         except ValueError as exc:
             raise HTTPError(400, str(exc)) from None
-        max_tokens = body.max_tokens if body.max_tokens is not None else engine.context_len - len(prompt_ids)
-        if max_tokens < 1:
-            raise HTTPError(400, f"the prompt ({len(prompt_ids)} tokens) fills the context length {engine.context_len}")
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.top_k, body.min_p, stops, body.seed,
-                                prompt_logprobs=body.prompt_logprobs is not None)
+        params = []
+        for prompt_ids in prompts:
+            max_tokens = body.max_tokens if body.max_tokens is not None else engine.context_len - len(prompt_ids)
+            if max_tokens < 1:
+                raise HTTPError(400, f"the prompt ({len(prompt_ids)} tokens) fills the context length "
+                                     f"{engine.context_len}")
+            overflow = context_overflow(len(prompt_ids), max_tokens, engine.context_len)
+            if overflow:  # checked for every prompt before any is submitted
+                raise HTTPError(400, overflow)
+            params.append(SamplingParams(max_tokens, body.temperature, body.top_p, body.top_k, body.min_p, stops,
+                                         body.seed, prompt_logprobs=body.prompt_logprobs is not None))
         try:
             async with gate.request():
-                completions = await asyncio.wrap_future(engine.submit(prompt_ids, params, body.n))
+                futures = [engine.submit(prompt_ids, p, body.n) for prompt_ids, p in zip(prompts, params, strict=True)]
+                answers = await asyncio.gather(*map(asyncio.wrap_future, futures))
         except UserError as exc:
             raise HTTPError(400, str(exc)) from None
         except GateTimeout as exc:
             raise HTTPError(503, str(exc)) from None
-        # The choices were prefilled together, so their first tokens share a step: the one the
+        # A request's choices were prefilled together, so their first tokens share a step: the one the
         # gate admitted the request under, unless an in-flight update landed before its prefill.
-        return completions, completions[0].weight_steps[0]
+        return answers, min(completions[0].weight_steps[0] for completions in answers)
 
-    def envelope(kind: str, prompt_ids: list[int], step: int, choices: list[dict], completions) -> dict:
+    def envelope(kind: str, prompt_ids: list[int], step: int, choices: list[dict], completions,
+                 prompt_tokens: int | None = None) -> dict:
         completion_tokens = sum(len(c.token_ids) for c in completions)
+        prompt_tokens = len(prompt_ids) if prompt_tokens is None else prompt_tokens
         return {
             "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "object": kind,
@@ -161,9 +178,9 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
             "prompt_token_ids": prompt_ids,
             "weight_step": step,
             "usage": {
-                "prompt_tokens": len(prompt_ids),
+                "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
         }
 
@@ -227,28 +244,41 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
     async def complete(request: Request):
         body: CompletionRequest = await _parse(request, CompletionRequest)
         check_model(body)
-        prepare = encode if isinstance(body.prompt, str) else token_prompt
-        prompt_ids = await asyncio.to_thread(prepare, body.prompt)
-        completions, step = await generate(prompt_ids, body)
+        if body.batched:
+            prompts = await asyncio.to_thread(lambda: [token_prompt(p) for p in body.prompt])
+        else:
+            prepare = encode if isinstance(body.prompt, str) else token_prompt
+            prompts = [await asyncio.to_thread(prepare, body.prompt)]
+        answers, step = await generate_many(prompts, body)
+        choices = await asyncio.to_thread(completion_choices, prompts, answers)
+        completions = [c for completions in answers for c in completions]
+        # vLLM's shape for a batch: each choice has its prompt's ids; the top level has the first prompt's
+        return JSONResponse(envelope("text_completion", prompts[0], step, choices, completions,
+                                     sum(map(len, prompts))))
+
+    def completion_choices(prompts: list[list[int]], answers: list[list[Completion]]) -> list[dict]:
+        """The choices of a completions answer: choice p * n + j is prompt p's completion j."""
         choices = []
-        for i, c in enumerate(completions):
-            tokens = [token_entry(t)[0] for t in c.token_ids]
-            offsets = [0, *itertools.accumulate(len(s) for s in tokens[:-1])] if tokens else []
-            choices.append({
-                "index": i,
-                "text": c.text,
-                "token_ids": c.token_ids,
-                "token_weight_steps": c.weight_steps,
-                "prompt_token_ids": prompt_ids,  # where vLLM puts it for completions
-                "finish_reason": c.finish_reason,
-                "logprobs": {"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets},
-            })
-            if c.prompt_logprobs is not None:  # vLLM's shape: None for the first token, then {id: entry}
-                choices[-1]["prompt_logprobs"] = [None] + [
-                    {str(t): {"logprob": lp, "rank": rank, "decoded_token": token_entry(t)[0]}}
-                    for t, (lp, rank) in zip(prompt_ids[1:], c.prompt_logprobs, strict=True)
-                ]
-        return JSONResponse(envelope("text_completion", prompt_ids, step, choices, completions))
+        for prompt_ids, completions in zip(prompts, answers, strict=True):
+            for c in completions:
+                tokens = [token_entry(t)[0] for t in c.token_ids]
+                offsets = [0, *itertools.accumulate(len(s) for s in tokens[:-1])] if tokens else []
+                choices.append({
+                    "index": len(choices),
+                    "text": c.text,
+                    "token_ids": c.token_ids,
+                    "token_weight_steps": c.weight_steps,
+                    "prompt_token_ids": prompt_ids,  # where vLLM puts it for completions
+                    "finish_reason": c.finish_reason,
+                    "logprobs": {"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": None,
+                                 "text_offset": offsets},
+                })
+                if c.prompt_logprobs is not None:  # vLLM's shape: None for the first token, then {id: entry}
+                    choices[-1]["prompt_logprobs"] = [None] + [
+                        {str(t): {"logprob": lp, "rank": rank, "decoded_token": token_entry(t)[0]}}
+                        for t, (lp, rank) in zip(prompt_ids[1:], c.prompt_logprobs, strict=True)
+                    ]
+        return choices
 
     @app.post("/update_weights")
     async def update_weights(request: Request):

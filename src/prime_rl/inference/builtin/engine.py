@@ -310,20 +310,16 @@ class Engine:
                 request.future.set_exception(exc)
         if not started:
             return
-        width = max(len(request.prompt_ids) for request, _ in started)
-        ids = torch.full((len(started), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(started), width), dtype=torch.long)
-        for row, (request, _) in enumerate(started):
-            prompt = request.prompt_ids
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        cache = DynamicCache()
-        scoring = any(request.params.prompt_logprobs for request, _ in started)
-        logits = self._forward(ids, mask, cache, all_positions=scoring)
-        if scoring:
+        shared = shared_prefixes([request.prompt_ids if request.params.prompt_logprobs else None
+                                  for request, _ in started])
+        if shared is None:
+            logits, cache, mask = self._prefill_rows([request for request, _ in started])
+        else:
+            logits, cache, mask = self._prefill_shared([request for request, _ in started], *shared)
+        if logits.dim() == 3:  # [R, S, V]: some request scores its prompt
             for row, (request, seqs) in enumerate(started):
                 if request.params.prompt_logprobs:
-                    self._score_prompt(request, seqs, logits[row, width - len(request.prompt_ids):])
+                    self._score_prompt(request, seqs, logits[row, logits.shape[1] - len(request.prompt_ids):])
             logits = logits[:, -1]
         rows = torch.repeat_interleave(torch.tensor([len(seqs) for _, seqs in started]))  # request r's row, n times
         _take(cache, rows)
@@ -331,6 +327,50 @@ class Engine:
         next_tokens = self._sample(seqs, logits[rows])
         self._merge(seqs, cache, mask[rows], next_tokens)
         self._retire()
+
+    def _prefill_rows(self, requests: list[_Request]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """One left-padded forward of the prompts: logits ([R, V] of the last position, or [R, S, V] of every
+        position when some request scores its prompt), the cache and its mask [R, S]."""
+        width = max(len(request.prompt_ids) for request in requests)
+        ids, mask = _left_padded([request.prompt_ids for request in requests], width, self.pad_id)
+        cache = DynamicCache()
+        scoring = any(request.params.prompt_logprobs for request in requests)
+        return self._forward(ids, mask, cache, all_positions=scoring), cache, mask
+
+    def _prefill_shared(self, requests: list[_Request], group: list[int], shared: list[int]
+                        ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """`_prefill_rows` in two forwards when scoring requests share prefixes (the samples of one prompt: the
+        teacher's batch): first each group's shared prefix once (request r: group[r], its first shared[r]
+        tokens; group -1: none), then every request's rest on a copy of its group's cache. Logits [R, S, V] of
+        every position (a request's: its prefix's, then its rest's); the cache and mask hold prefix padding,
+        prefix, rest padding, rest (the mask marks the padding, and positions count only real tokens).
+        Computes what `_prefill_rows` does, on (sum of the shared prefixes) fewer tokens."""
+        groups = max(group) + 1
+        prefixes: list[list[int]] = [[] for _ in range(groups)]
+        for request, g, length in zip(requests, group, shared, strict=True):
+            if g >= 0:
+                prefixes[g] = request.prompt_ids[:length]
+        prefix_width = max(map(len, prefixes))
+        ids, prefix_mask = _left_padded(prefixes, prefix_width, self.pad_id)
+        cache = DynamicCache()
+        prefix_logits = self._forward(ids, prefix_mask, cache, all_positions=True)  # [G, P, V]
+        rows = torch.tensor([max(g, 0) for g in group])
+        _take(cache, rows)  # each request's copy of its group's prefix (group -1: a row masked out below)
+        prefix_mask = prefix_mask[rows]
+        prefix_mask[torch.tensor(group) < 0] = 0
+        rests = [request.prompt_ids[length:] for request, length in zip(requests, shared, strict=True)]
+        width = max(map(len, rests))
+        ids, rest_mask = _left_padded(rests, width, self.pad_id)
+        mask = torch.cat([prefix_mask, rest_mask], dim=1)
+        rest_logits = self._forward(ids, mask, cache, all_positions=True)  # [R, W, V]
+        full = max(len(request.prompt_ids) for request in requests)
+        logits = rest_logits.new_zeros((len(requests), full, rest_logits.shape[-1]))
+        for row, (request, g, length) in enumerate(zip(requests, group, shared, strict=True)):
+            rest = len(request.prompt_ids) - length  # right-aligned, as _prefill_rows's rows are
+            logits[row, full - rest:] = rest_logits[row, width - rest:]
+            if length:
+                logits[row, full - rest - length:full - rest] = prefix_logits[g, prefix_width - length:]
+        return logits, cache, mask
 
     def _decode(self) -> None:
         ones = torch.ones((len(self._seqs), 1), dtype=torch.long)
@@ -469,6 +509,59 @@ class Engine:
             if not request.future.done():
                 request.future.set_exception(exc)
         self._seqs, self._cache, self._mask, self._next = [], None, None, None
+
+
+SHARE_MIN_SAVING = 0.25  # two prefill forwards only when sharing prefixes saves at least this share of the tokens
+
+
+def shared_prefixes(prompts: list[list[int] | None]) -> tuple[list[int], list[int]] | None:
+    """Groups of prompts that share a prefix, for one prefill (`Engine._prefill_shared`): per prompt its group
+    (-1: none) and how many of its first tokens the group shares (always fewer than its length), or None when
+    sharing would not save `SHARE_MIN_SAVING` of the tokens. A None prompt takes no part.
+
+    Sorted, prompts with a common prefix are neighbours, and a group's shared prefix is the least common prefix
+    of neighbouring members; a prompt joins the group before it when that keeps the tokens saved, (members - 1)
+    * shared, from falling (so the 8 samples of one prompt group on the prompt, not with every sample on the
+    chat template's first tokens)."""
+    order = sorted((i for i, p in enumerate(prompts) if p is not None), key=lambda i: prompts[i])
+    runs: list[tuple[list[int], int]] = []  # (members, shared length)
+    for i in order:
+        prompt = prompts[i]
+        if runs:
+            members, length = runs[-1]
+            common = min(length, _common_prefix(prompts[members[-1]], prompt), len(prompt) - 1)
+            if common > 0 and len(members) * common >= (len(members) - 1) * length:
+                runs[-1] = (members + [i], common)
+                continue
+        runs.append(([i], len(prompt) - 1))
+    group, shared = [-1] * len(prompts), [0] * len(prompts)
+    saved = 0
+    for g, (members, length) in enumerate(run for run in runs if len(run[0]) > 1 and run[1] > 0):
+        for i in members:
+            group[i], shared[i] = g, length
+        saved += (len(members) - 1) * length
+    total = sum(len(p) for p in prompts if p is not None)
+    return (group, shared) if total and saved >= SHARE_MIN_SAVING * total else None
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _left_padded(prompts: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [R, width] and mask [R, width] (1 = real token) of prompts aligned to the right."""
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+    return ids, mask
 
 
 def _take(cache: DynamicCache, rows: torch.Tensor, start: int = 0) -> None:

@@ -11,9 +11,9 @@
   LoRA loading instead, then served under the model's name (`adapters.py`; untested on hardware).
   A marker directory (`weights/step_N/transfer.json`, `weight_transfer.mode = "distributed"`): the
   workers joined the trainer's transfer group at startup (`TRANSFER_ENV`, the lifespan startup) and
-  received the weights themselves (`worker.py`); the middleware has each set aside its newest update
-  of step >= N (until all agree on one step, which is then the served one), then loads it on every
-  worker inside the gate.
+  received the weights themselves (`worker.py`); the middleware polls them until each has an update
+  of step >= N (vLLM goes on serving), has each set aside its newest (until all agree on one step,
+  which is then the served one), then loads it on every worker inside the gate.
 - `POST /reset`: resets vLLM's prefix cache.
 - Generate requests are parsed strictly first (`protocol.parse_json`: no NaN/Infinity,
   lone surrogates or deep nesting reach vLLM; 400 instead).
@@ -54,7 +54,14 @@ from prime_rl.inference.guard import RequestGuard, error_payload, read_body, rep
 from prime_rl.inference.policy import Policy
 from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow, parse_json
 from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
-from prime_rl.inference.vllm.worker import LOAD_DIR, LOAD_PINNED, PIN_TRANSFERRED, START_TRANSFER
+from prime_rl.inference.vllm.worker import (
+    LOAD_DIR,
+    LOAD_PINNED,
+    PIN_TRANSFERRED,
+    START_TRANSFER,
+    TRANSFERRED_STEP,
+    transfer_result,
+)
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
 from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError, first_line
@@ -66,6 +73,7 @@ TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from upd
 CONTEXT_ENV = "PRIME_INFERENCE_CONTEXT_LEN"  # set by the launcher to vLLM's --max-model-len
 SERVED_NAME_ENV = "PRIME_INFERENCE_SERVED_NAME"  # set by the launcher to --served-model-name (the adapter alias)
 TRANSFER_ENV = "PRIME_INFERENCE_WEIGHT_TRANSFER"  # set by the launcher: the server's WeightTransferConfig (JSON)
+PIN_POLL_S = 0.02  # how often a marker update asks the workers whether its weights have arrived
 
 log = get_logger("inference")
 
@@ -151,26 +159,37 @@ class PrimeRLMiddleware:
     async def _start_transfer(self, scope) -> None:
         """Every worker joins the trainer's weight transfer group (in a thread of its own: this returns at once)."""
         model_dir = await asyncio.to_thread(checkpoint_dir, self.policy.model_dir)
-        ranks = await scope["app"].state.engine_client.collective_rpc(
-            START_TRANSFER, args=(self.transfer, str(model_dir) if model_dir is not None else None))
+        ranks = await self._workers(scope, START_TRANSFER, self.transfer, str(model_dir) if model_dir else None)
         self.transfer_started = True
         log.info(f"vLLM workers joining the trainer's weight transfer group as ranks {ranks}")
 
+    @staticmethod
+    async def _workers(scope, method: str, *args) -> list:
+        """Every worker's value of a transfer method (`worker.reported`); RuntimeError naming a failed one."""
+        return transfer_result(await scope["app"].state.engine_client.collective_rpc(method, args=args))
+
     async def _pin(self, scope, path: Path, step: int) -> int:
-        """Have every worker set aside its newest transferred update of step >= `step`; they may differ when one
-        received a newer one first, so ask again for the newest until all agree. The step they agree on."""
+        """Wait (polling, so vLLM's engine goes on serving) until every worker has received an update of step >=
+        `step`, then have each set aside its newest; when one received a newer one meanwhile they differ, so wait
+        for that one everywhere and ask again. The step they agree on. At most the update timeout."""
         if not self.transfer_started:
             raise UserError(f"{path} marks weights sent over torch.distributed, but this server is in no weight "
                             "transfer group (weight_transfer.mode)")
-        engine, asked = scope["app"].state.engine_client, step
-        while True:
-            try:
-                steps = await engine.collective_rpc(PIN_TRANSFERRED, args=(asked, self.gate.timeout_s))
-            except Exception as exc:
-                raise UserError(f"no weights of step >= {step} came over the transfer group: {first_line(exc)}") from None
-            if len(set(steps)) == 1:
-                return int(steps[0])
-            asked = max(steps)
+        deadline, target = time.monotonic() + self.gate.timeout_s, step
+        try:
+            while True:
+                newest = await self._workers(scope, TRANSFERRED_STEP)
+                if min(newest) >= target:
+                    pinned = await self._workers(scope, PIN_TRANSFERRED, target)
+                    if len(set(pinned)) == 1:
+                        return int(pinned[0])
+                    target = max(pinned)
+                elif time.monotonic() > deadline:
+                    raise RuntimeError(f"waited {self.gate.timeout_s:g}s; the workers have steps {newest}")
+                else:
+                    await asyncio.sleep(PIN_POLL_S)
+        except RuntimeError as exc:
+            raise UserError(f"no weights of step >= {step} came over the transfer group: {exc}") from None
 
     async def _route(self, scope, receive, send):
         path, method = scope["path"], scope["method"]
@@ -248,7 +267,7 @@ class PrimeRLMiddleware:
             if status != 200:
                 raise RuntimeError(f"vLLM refused the adapter ({status}): {answer.decode(errors='replace')[:300]}")
         elif is_marker_dir(path):
-            await engine.collective_rpc(LOAD_PINNED, args=(step,))
+            await self._workers(scope, LOAD_PINNED, step)
         else:
             await engine.collective_rpc(LOAD_DIR, args=(str(path),))
         self.adapter = name
@@ -287,9 +306,10 @@ class PrimeRLMiddleware:
         except GateTimeout as exc:
             return await send_error(send, 503, str(exc))
         except Exception as exc:  # a load that fails (shape mismatch, ...) leaves the old step in place
-            return await send_error(send, 400, f"cannot load weights from {path}: {exc}")
+            return await send_error(send, 400, f"cannot load weights from {path}: {first_line(exc)}")
         log.info(f"serving weights step {step} from {path} (drained update took {time.monotonic() - start:.2f}s)")
         await send_json(send, 200, {"weight_step": step})
+
 
 def stamp_token_weight_steps(payload: dict, step: int) -> None:
     """Every choice's `token_weight_steps`: all `step`, since vLLM's updates drain (`gate.py`)."""

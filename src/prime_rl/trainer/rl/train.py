@@ -5,7 +5,8 @@
 
 Step N (0-based) reads `rollouts/step_N/rank_R.pt`; under a token-level advantage type
 (`reinforce_plus_plus`, `gae`) it first turns the batch's rewards into per-token advantages
-(`token_advantage.py`; `gae` with the critic's values, `critic.py`). It then computes trainer
+(`token_advantage.py`; `gae` with the critic's values, `critic.py`), under a group type with
+`kl_in_reward` it recomputes the group advantages from rewards minus the KL (`group_kl.py`). It then computes trainer
 logprobs under the batch's sampling rule (temperature and truncation), the configured loss over
 all micro-batches with a global `LossScale`, takes `update_epochs` optimizer steps on it (the
 loss metrics logged are the last pass's, so with several passes they show the policy's drift
@@ -24,8 +25,9 @@ from prime_rl.configs.cli import run_main
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.critic import value_metrics
 from prime_rl.trainer.data import wait_for_batch
-from prime_rl.trainer.dist import all_reduce_sum, destroy
+from prime_rl.trainer.dist import all_gather_rows, all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_logprobs, load_model, prepare_model
+from prime_rl.trainer.rl.group_kl import group_advantages, sample_table
 from prime_rl.trainer.rl.loss import (
     Loss,
     LossInputs,
@@ -115,11 +117,49 @@ def check_advantage_type(batch: RankBatch, advantage: AdvantageConfig) -> None:
     """The orchestrator's advantage type (in the batch) must be the trainer's when either is token-level: else
     the trainer would train on the orchestrator's zero placeholders, or compute another type's advantages."""
     theirs = batch.advantage  # None in files of older versions
-    with_rewards = any(mb.rewards is not None for mb in batch.micro_batches)  # a token-level orchestrator's
-    if theirs != advantage.type and (advantage.token_level or with_rewards):
+    with_rewards = any(mb.rewards is not None or mb.sample_rewards is not None  # the orchestrator left them to us
+                       for mb in batch.micro_batches)
+    if theirs != advantage.type and (advantage.token_level or advantage.group_kl or with_rewards):
         named = f"type '{theirs}'" if theirs is not None else "an unrecorded type"
         raise UserError(f"step {batch.step}: the orchestrator computed advantages of {named} but the trainer runs "
                         f"'{advantage.type}': give both the same advantage type (rl hands it down)")
+
+
+def reference_kl(mb: MicroBatch, kind: str, ref_model: torch.nn.Module | None,
+                 rule: SamplingRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """(KL_t [T] float64 on trained tokens, 0 elsewhere; lref) of one micro-batch: the `kind` (k1/k3) estimate
+    between the sampler's logprobs and the reference model's (the batch's `ref_logprobs` when it has them)."""
+    lref = mb.ref_logprobs
+    if lref is None:
+        with torch.no_grad():
+            lref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)[0].cpu()
+    return kl_estimate(mb.inference_logprobs.double(), lref.double(), kind) * mb.loss_mask, lref
+
+
+def group_kl_batch(session: TrainSession, batch: RankBatch, advantage: AdvantageConfig,
+                   ref_model: torch.nn.Module | None, rule: SamplingRule) -> tuple[RankBatch, dict[str, float]]:
+    """The batch with the group type's advantages recomputed from rewards minus the KL to the reference
+    (`group_kl.py`; every rank's samples gathered), and the step's mean KL per trained token."""
+    tables, kls, refs = [], [], []
+    for mb in batch.micro_batches:
+        if mb.sample_groups is None or mb.sample_rewards is None:
+            raise UserError(f"step {batch.step}: advantage.kl_in_reward needs the batch's sample groups and rewards, "
+                            "which this batch lacks (the orchestrator must run the same advantage settings)")
+        kl, lref = reference_kl(mb, advantage.kl_in_reward, ref_model, rule)
+        kl_sums = torch.segment_reduce(kl, "sum", lengths=mb.sample_lens)
+        tables.append(sample_table(mb.sample_groups, mb.sample_rewards, kl_sums))
+        kls.append(kl), refs.append(lref)
+    device = session.dist.device
+    ours = group_advantages(all_gather_rows(torch.cat(tables), device), advantage)[session.dist.rank]
+    micro_batches = []
+    for mb, a, ref in zip(batch.micro_batches, torch.split(ours, [t.shape[0] for t in tables]), refs, strict=True):
+        per_segment = torch.zeros(mb.sample_lens.shape, dtype=torch.float64)
+        per_segment[mb.sample_groups >= 0] = a
+        tokens = torch.repeat_interleave(per_segment, mb.sample_lens) * mb.loss_mask
+        micro_batches.append(replace(mb, advantages=tokens.float(), ref_logprobs=ref))
+    kl_sum, count = all_reduce_sum([float(sum(k.sum() for k in kls)),
+                                    float(sum(mb.num_loss_tokens for mb in batch.micro_batches))], device)
+    return replace(batch, micro_batches=micro_batches), {"advantage/kl_in_reward": kl_sum / max(count, 1.0)}
 
 
 def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: AdvantageConfig,
@@ -137,11 +177,7 @@ def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: A
         mask = mb.loss_mask
         kl = None
         if advantage.kl_in_reward is not None:
-            lref = mb.ref_logprobs
-            if lref is None:
-                with torch.no_grad():
-                    lref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)[0].cpu()
-            kl = kl_estimate(mb.inference_logprobs.double(), lref.double(), advantage.kl_in_reward) * mask
+            kl, lref = reference_kl(mb, advantage.kl_in_reward, ref_model, rule)
             kls.append(kl)
         if session.critic is not None:
             with torch.no_grad():
@@ -187,10 +223,12 @@ def train(config: TrainerConfig) -> None:
             lr = session.lr
             token_metrics, critic_metrics = {}, {}
             check_advantage_type(batch, config.advantage)
+            rule = batch.rule if config.match_truncation else SamplingRule(batch.temperature)
             if config.advantage.token_level:
-                rule = batch.rule if config.match_truncation else SamplingRule(batch.temperature)
                 batch, old_values, returns, token_metrics = token_level_advantages(session, batch, config.advantage,
                                                                                    ref_model, rule)
+            elif config.advantage.group_kl:
+                batch, token_metrics = group_kl_batch(session, batch, config.advantage, ref_model, rule)
             for _ in range(config.update_epochs):
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
                                                      config.match_truncation)
