@@ -87,3 +87,20 @@ def test_kl_in_reward_for_a_group_type_refuses_what_needs_the_orchestrators_adva
         OrchestratorConfig.build([], {"advantage": grpo, "normalize_advantages": True})
     with pytest.raises(Exception, match="teacher needs the orchestrator's"):
         OrchestratorConfig.build([], {"advantage": grpo, "teacher": {"model": {"name": "x"}}})
+
+
+def test_a_trainer_whose_kl_in_reward_differs_from_the_orchestrators_is_refused_in_one_line():
+    from prime_rl.trainer.rl.train import check_advantage_type
+
+    samples = [Sample([5, 6], [8, 9], [-0.1, -0.2], 0.3, 0, reward=1.0, group=0)]
+    folded = pack_batch(samples, 64, 1, 0, SamplingRule(1.0), 8, True, ("sample_groups",), "grpo")[0]
+    plain = pack_batch(samples, 64, 1, 0, SamplingRule(1.0), 8, True, (), "grpo")[0]
+    check_advantage_type(folded, GrpoAdvantageConfig(kl_in_reward="k3"))
+    check_advantage_type(plain, GrpoAdvantageConfig())
+    for batch, ours, words in ((folded, GrpoAdvantageConfig(), "the orchestrator runs advantage.kl_in_reward but "
+                                                                "the trainer does not"),
+                               (plain, GrpoAdvantageConfig(kl_in_reward="k1"), "does not run advantage.kl_in_reward "
+                                                                               "but the trainer does")):
+        with pytest.raises(UserError, match=words) as caught:
+            check_advantage_type(batch, ours)
+        assert "\n" not in str(caught.value)

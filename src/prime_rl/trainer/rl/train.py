@@ -123,6 +123,11 @@ def check_advantage_type(batch: RankBatch, advantage: AdvantageConfig) -> None:
         named = f"type '{theirs}'" if theirs is not None else "an unrecorded type"
         raise UserError(f"step {batch.step}: the orchestrator computed advantages of {named} but the trainer runs "
                         f"'{advantage.type}': give both the same advantage type (rl hands it down)")
+    folded = any(mb.sample_groups is not None for mb in batch.micro_batches)  # a group type's kl_in_reward
+    if not advantage.token_level and folded != advantage.group_kl:
+        raise UserError(f"step {batch.step}: the orchestrator {'runs' if folded else 'does not run'} "
+                        f"advantage.kl_in_reward but the trainer {'does not' if folded else 'does'}: give both the "
+                        "same advantage settings (rl hands them down)")
 
 
 def reference_kl(mb: MicroBatch, kind: str, ref_model: torch.nn.Module | None,
