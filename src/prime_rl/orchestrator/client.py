@@ -7,8 +7,9 @@ completions) and `token_weight_steps` (when absent: all `weight_step`). Requests
 `n` completions of one prompt, a chat prompt (`chat`) or exact token ids (`complete`, for
 multi-turn rollouts), with logprobs and `return_token_ids: true` (vLLM needs both). At most `max_concurrency` requests are in flight; an unreachable server
 is retried until `connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set every request
-carries `Authorization: Bearer <key>`. `score` is the teacher's scoring call: the logprobs of
-given token ids (`prompt_logprobs` on `/v1/completions`, read by `parse_prompt_logprobs`).
+carries `Authorization: Bearer <key>`. `score_many` is the teacher's scoring call: the logprobs of
+given token-id lists (`prompt_logprobs` on `/v1/completions`, read by `parse_batch_prompt_logprobs`; one
+answer's by `parse_prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -270,25 +271,18 @@ class InferenceClient:
             data = await self._request("POST", f"{self.base_url}/{route}", body)
         return parse_chat_response(data, n)
 
-    async def score(self, ids: list[int], temperature: float) -> list[float]:
-        """log p(ids[i] | ids[:i]) for i >= 1 under the served model at `temperature` (untruncated): one
-        completions request with `prompt_logprobs: 0` (and one generated token, which both backends need)."""
-        data = await self._request_scores(ids, temperature)
-        return parse_prompt_logprobs(data, ids)
-
     async def score_many(self, prompts: list[list[int]], temperature: float) -> list[list[float]]:
-        """`score` of several token-id lists in one request (`prompt` a list of them, as both backends take it),
-        which the server prefills together; one that fails fails them all."""
-        data = await self._request_scores(prompts, temperature)
-        return parse_batch_prompt_logprobs(data, prompts)
-
-    async def _request_scores(self, prompt: list[int] | list[list[int]], temperature: float) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": prompt, "n": 1, "max_tokens": 1, "temperature": temperature,
+        """Per token-id list `ids`: log p(ids[i] | ids[:i]) for i >= 1 under the served model at `temperature`
+        (untruncated). One completions request for all (`prompt` a list of them, as both backends take it, which
+        the server prefills together; one that fails fails them all) with `prompt_logprobs: 0` (and one generated
+        token, which both backends need)."""
+        body: dict[str, Any] = {"prompt": prompts, "n": 1, "max_tokens": 1, "temperature": temperature,
                                 "prompt_logprobs": 0, "return_token_ids": True}
         if self.model is not None:
             body["model"] = self.model
         async with self._limit:
-            return await self._request("POST", f"{self.base_url}/completions", body)
+            data = await self._request("POST", f"{self.base_url}/completions", body)
+        return parse_batch_prompt_logprobs(data, prompts)
 
     async def served_step(self) -> int:
         """The weight step the server serves now (from a one-token request: works on every backend)."""

@@ -83,7 +83,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     Tokens are scored under the batch's sampling rule (temperature, and its truncation when
     `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
     """
-    rule = batch.rule if match_truncation else SamplingRule(batch.temperature)
+    rule = scoring_rule(batch, match_truncation)
     if loss_fn.needs_log_ratio_moments:
         moments = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
@@ -111,6 +111,12 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     metrics = reduce_metrics([{k: torch.tensor(reduced[1 + 2 * i: 3 + 2 * i]) for i, k in enumerate(keys)}])
     metrics["loss/total"] = total
     return total, metrics
+
+
+def scoring_rule(batch: RankBatch, match_truncation: bool) -> SamplingRule:
+    """The rule the trainer scores the batch's tokens under: the sampler's whole rule with `match_truncation`,
+    else its temperature alone."""
+    return batch.rule if match_truncation else SamplingRule(batch.temperature)
 
 
 def check_advantage_type(batch: RankBatch, advantage: AdvantageConfig) -> None:
@@ -228,7 +234,7 @@ def train(config: TrainerConfig) -> None:
             lr = session.lr
             token_metrics, critic_metrics = {}, {}
             check_advantage_type(batch, config.advantage)
-            rule = batch.rule if config.match_truncation else SamplingRule(batch.temperature)
+            rule = scoring_rule(batch, config.match_truncation)
             if config.advantage.token_level:
                 batch, old_values, returns, token_metrics = token_level_advantages(session, batch, config.advantage,
                                                                                    ref_model, rule)
