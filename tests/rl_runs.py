@@ -143,7 +143,8 @@ def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, ma
                                 model: str = "tiny-reverse-text", extra: Sequence[str] = (),
                                 exact: bool = True, max_steps: int = 3,
                                 resume: bool = False) -> tuple[dict[int, dict], dict[int, dict]]:
-    """`max_steps` steps of `rl` (`resume`: continuing the run from its latest checkpoint) on the embedded `model`
+    """`max_steps` steps of `rl` (`resume`: continuing the run from its latest checkpoint as a user would, by running
+    its recorded `configs/rl.toml` with `--ckpt.resume-step latest` and the new `--max-steps`) on the embedded `model`
     with `env_table` (a TOML `[[orchestrator.env]]` table; a
     test environment from `tests/`, which the processes get on PYTHONPATH), at max_async_level 0 (fp32, builtin):
     asserts the run finished and that the trainer's logprobs equal the server's at every step (mismatch KL < 1e-6,
@@ -154,14 +155,15 @@ def on_policy_run_with_test_env(tmp_path: Path, env_table: str, seq_len: int, ma
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
     tests_dir = str(Path(__file__).resolve().parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "prime_rl.launch.rl", "@", str(config), "--model.name", model,
-         "--output-dir", str(run_dir), "--max-steps", str(max_steps), "--max-async-level", "0", "--seq-len", str(seq_len),
-         "--orchestrator.batch-size", "16", "--orchestrator.rollouts-per-example", "4",
-         "--orchestrator.sampling.max-tokens", str(max_tokens), "--wandb.mode", "disabled", *extra,
-         *(["--ckpt.resume-step", "latest"] if resume else [])],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
+    if resume:
+        args = ["@", str(run_dir / "configs" / "rl.toml"), "--max-steps", str(max_steps), "--ckpt.resume-step", "latest"]
+    else:
+        args = ["@", str(config), "--model.name", model, "--output-dir", str(run_dir), "--max-steps", str(max_steps),
+                "--max-async-level", "0", "--seq-len", str(seq_len), "--orchestrator.batch-size", "16",
+                "--orchestrator.rollouts-per-example", "4", "--orchestrator.sampling.max-tokens", str(max_tokens),
+                "--wandb.mode", "disabled"]
+    result = subprocess.run([sys.executable, "-m", "prime_rl.launch.rl", *args, *extra],
+                            capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     trainer, orchestrator = rows_by_source(run_dir, "trainer"), rows_by_source(run_dir, "orchestrator")
     assert sorted(trainer) == sorted(orchestrator) == list(range(max_steps))

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from inference_server import VLLM_CPU_ARGS, VLLM_SKIP_REASON, start_server, stop_server  # tests/ on sys.path
-from prime_rl.orchestrator.client import parse_batch_prompt_logprobs, parse_prompt_logprobs
+from prime_rl.orchestrator.client import parse_batch_prompt_logprobs
 from prime_rl.utils.tiny_model import save_random_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -39,7 +39,7 @@ def test_vllm_prompt_logprobs_equal_the_models_log_softmax(vllm_teacher):
             "return_token_ids": True}
     answer = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
-    served = torch.tensor(parse_prompt_logprobs(answer.json(), ids), dtype=torch.float64)
+    served = torch.tensor(parse_batch_prompt_logprobs(answer.json(), [ids])[0], dtype=torch.float64)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, :-1].double()

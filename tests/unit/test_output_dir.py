@@ -179,3 +179,18 @@ def test_overwrite_with_the_configured_port_in_use_deletes_nothing(tmp_path, no_
         with pytest.raises(ConfigError, match=rf"^inference.port {port} on '127.0.0.1': cannot listen there"):
             launch(rl_config(tmp_path, "--overwrite", "--inference.port", str(port)))
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_the_recorded_rl_toml_runs_again_with_other_shared_values(tmp_path, no_children):
+    """Regression: the component sections held the handed-down keys, so `rl @ configs/rl.toml --max-steps 9` was
+    "'orchestrator.max_steps' = 3 contradicts the shared value 9"."""
+    teacher = ["--teacher.model.name", "tiny-reverse-text", "--max-async-level", "2", "--weight-transfer.timeout-s", "9"]
+    with pytest.raises(SystemExit):
+        launch(rl_config(tmp_path, "--max-steps", "3", "--orchestrator.advantage.type", "rloo", *teacher))
+    recorded = tmp_path / "configs" / "rl.toml"
+    again = build_config(RLConfig, ["@", str(recorded), "--max-steps", "9", "--seq-len", "300"])[0]
+    first = rl_config(tmp_path, "--max-steps", "9", "--seq-len", "300", "--orchestrator.advantage.type", "rloo",
+                      *teacher)
+    for name in ("inference", "orchestrator", "trainer"):
+        assert getattr(again, name).model_dump() == getattr(first, name).model_dump(), name
+    assert again.orchestrator.teacher.base_url is None  # rl starts a teacher server again

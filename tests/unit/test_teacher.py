@@ -26,7 +26,7 @@ from prime_rl.inference.vllm.middleware import PrimeRLMiddleware, prompt_logprob
 from prime_rl.launch import rl
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.batch import Sample, pack_batch
-from prime_rl.orchestrator.client import InferenceError, parse_batch_prompt_logprobs, parse_prompt_logprobs
+from prime_rl.orchestrator.client import InferenceError, parse_batch_prompt_logprobs
 from prime_rl.orchestrator.config import ClientConfig, OrchestratorConfig, TeacherConfig
 from prime_rl.orchestrator.teacher import Teacher, opd_advantages
 from prime_rl.trainer.rl.loss import LossInputs, LossScale, build_loss
@@ -68,7 +68,7 @@ def test_builtin_prompt_logprobs_equal_the_models_log_softmax_at_the_temperature
                              for p in prompts])
     for ids, answer in zip(prompts, answers, strict=True):
         assert answer.status_code == 200, answer.text
-        served = torch.tensor(parse_prompt_logprobs(answer.json(), ids), dtype=torch.float64)
+        served = torch.tensor(parse_batch_prompt_logprobs(answer.json(), [ids])[0], dtype=torch.float64)
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0, :-1].double()
         own = torch.log_softmax(logits / (temperature or 1.0), dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
@@ -177,7 +177,7 @@ def test_vllm_middleware_passes_prompt_logprobs_at_temperature_1_and_refuses_oth
     base = {"prompt": [4, 9, 7], "max_tokens": 1, "prompt_logprobs": 0}
     ok, cold, untempered = post_all(app, [base | {"temperature": 1.0}, base | {"temperature": 0.7},
                                           base | {"temperature": 0}])
-    assert ok.status_code == 200 and parse_prompt_logprobs(ok.json(), [4, 9, 7]) == [-0.5, -2.0]
+    assert ok.status_code == 200 and parse_batch_prompt_logprobs(ok.json(), [[4, 9, 7]]) == [[-0.5, -2.0]]
     assert ok.json()["prompt_token_ids"] == [4, 9, 7]  # lifted to the top level, as for every completion
     assert cold.status_code == 400 and "temperature 0.7" in cold.json()["error"]["message"]
     assert untempered.status_code == 200
@@ -191,15 +191,14 @@ def test_vllm_middleware_passes_prompt_logprobs_at_temperature_1_and_refuses_oth
     (lambda a: a["choices"][0]["prompt_logprobs"][2]["7"].update(logprob=0.5), "not a finite"),
     (lambda a: a["choices"][0]["prompt_logprobs"][2]["7"].update(logprob="-1"), "not a number"),
     (lambda a: a["choices"][0]["prompt_logprobs"][2]["7"].update(logprob=True), "not a number"),
-    (lambda a: a.update(prompt_token_ids=[4, 9, 8]), "not the ids sent"),
-    (lambda a: a.update(choices=[]), "IndexError"),
+    (lambda a: a["choices"][0].update(prompt_token_ids=[4, 9, 8]), "not the ids of prompt 0"),
+    (lambda a: a.update(choices=[]), "0 choices for 1 prompts"),
 ])
 def test_malformed_or_non_finite_prompt_logprobs_are_one_line_errors(edit, message):
     answer = json.loads(json.dumps(VLLM_ANSWER))
-    answer["prompt_token_ids"] = [4, 9, 7]
     edit(answer)
     with pytest.raises(InferenceError, match=message) as error:
-        parse_prompt_logprobs(answer, [4, 9, 7])
+        parse_batch_prompt_logprobs(answer, [[4, 9, 7]])
     assert "\n" not in str(error.value)
 
 

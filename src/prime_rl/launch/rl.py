@@ -375,6 +375,7 @@ def launch(config: RLConfig) -> None:
         console.print(f"wrote {script} ({config.slurm.nodes} node(s)); submit it with: sbatch {script}")
         return
     start = time.monotonic()
+    rl_toml = config.recorded()  # before launching fills in ports, ranks, devices
     config.model.path  # noqa: B018 -- a missing local model is an input error: report it before creating anything
     key_env = run_api_key(config)
     here = set(config.deployment.components)
@@ -417,13 +418,6 @@ def launch(config: RLConfig) -> None:
             write_toml(config_file(base, name), getattr(config, name).model_dump(mode="json"))
     for name, server in list(servers.items())[1:]:
         write_toml(config_file(base, name), server.model_dump(mode="json"))
-    # Without `overwrite`: running this file again must not delete the run it describes (nor find the URL of
-    # the teacher server this run started, which would stop it from starting one).
-    rl_toml = config.model_dump(mode="json", exclude={"overwrite"})
-    for name in ("trainer", "inference"):  # this run's group address and ranks: the next rl picks its own
-        rl_toml[name]["weight_transfer"] = rl_toml["weight_transfer"]
-    if teacher is not None:
-        rl_toml["orchestrator"]["teacher"]["base_url"] = None
     if owner:
         write_toml(config_file(config.output_dir, "rl"), rl_toml)
 

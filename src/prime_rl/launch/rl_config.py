@@ -138,6 +138,19 @@ class RLConfig(RunConfig):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The trainer."""
 
+    def recorded(self) -> dict:
+        """The config as a file records it (`configs/rl.toml`, the SLURM job's `rl.toml`): without `overwrite`
+        (running the file again must not delete the run it describes) and without what rl hands down into the
+        component sections (the shared keys, trainer.advantage), which the next rl hands down again: so
+        `rl @ configs/rl.toml --max-steps 200` goes on. Take it before `launch` fills in this run's ports,
+        transfer ranks, devices and teacher URL."""
+        recorded = self.model_dump(mode="json", exclude={"overwrite"})
+        for name in COMPONENTS:
+            for key in SHARED_KEYS:
+                recorded[name].pop(key, None)
+        recorded["trainer"].pop("advantage")  # handed down from orchestrator.advantage
+        return recorded
+
     def _check_split(self) -> None:
         """A split run (`deployment.components`): each rl must know what the others run. The orchestrator needs the
         remote server's URL, the server a fixed port, both one API key given to every rl (a random one cannot be

@@ -110,7 +110,9 @@ def write_script(config: RLConfig) -> Path:
     check(config)
     directory = Path(config.slurm.dir or slurm_dir(config.output_dir)).absolute()
     config_path = directory / CONFIG
-    write_toml(config_path, config.model_dump(mode="json", exclude={"slurm", "overwrite"}))
+    recorded = config.recorded()
+    del recorded["slurm"]
+    write_toml(config_path, recorded)
     script = directory / SCRIPT
     script.write_text(render(config, config_path))
     script.chmod(0o755)

@@ -8,8 +8,7 @@ completions) and `token_weight_steps` (when absent: all `weight_step`). Requests
 multi-turn rollouts), with logprobs and `return_token_ids: true` (vLLM needs both). At most `max_concurrency` requests are in flight; an unreachable server
 is retried until `connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set every request
 carries `Authorization: Bearer <key>`. `score_many` is the teacher's scoring call: the logprobs of
-given token-id lists (`prompt_logprobs` on `/v1/completions`, read by `parse_batch_prompt_logprobs`; one
-answer's by `parse_prompt_logprobs`).
+given token-id lists (`prompt_logprobs` on `/v1/completions`, read by `parse_batch_prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -107,23 +106,13 @@ def parse_chat_response(data: dict[str, Any], n: int) -> ChatResult:
     return result
 
 
-def parse_prompt_logprobs(data: dict[str, Any], ids: list[int]) -> list[float]:
-    """The logprob of `ids[i]` given `ids[:i]`, for i >= 1, from a completions answer to a `prompt_logprobs`
-    request (both backends, vLLM's shape: the first choice's `prompt_logprobs` is a list with null first and
-    then, per token, an object that maps the token id, as a string, to `{"logprob": x, ...}`). Another length,
-    another token, a non-number, NaN, infinity or a logprob above 0 is an InferenceError."""
-    try:
-        echoed = data.get("prompt_token_ids")
-        if echoed is not None and [int(t) for t in echoed] != ids:
-            raise ValueError("the answer's prompt_token_ids are not the ids sent")
-        return _choice_prompt_logprobs(data["choices"][0], ids)
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise InferenceError(f"malformed prompt logprobs from the server ({type(exc).__name__}: {exc})") from None
-
-
 def parse_batch_prompt_logprobs(data: dict[str, Any], prompts: list[list[int]]) -> list[list[float]]:
-    """`parse_prompt_logprobs` of every prompt of a batched request (`prompt` a list of token-id lists, n = 1):
-    choice i (by its `index`) scores prompt i, and its own `prompt_token_ids`, when given, must be prompt i."""
+    """The logprob of `ids[i]` given `ids[:i]`, for i >= 1, of every prompt `ids` of a scoring request (`prompt` a
+    token-id list or a list of them, n = 1, `prompt_logprobs`; both backends answer in vLLM's shape): choice i (by
+    its `index`) scores prompt i, and its own `prompt_token_ids`, when given, must be prompt i. Its
+    `prompt_logprobs` is a list with null first and then, per token, an object that maps the token id, as a
+    string, to `{"logprob": x, ...}`. Another count or length, another token, a non-number, NaN, infinity or a
+    logprob above 0 is an InferenceError."""
     try:
         choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
         if len(choices) != len(prompts):

@@ -12,7 +12,10 @@ For n in start .. max_steps - 1:
      asked (dynamic sampling draws more, up to a cap); with a teacher, score every trained sample on the
      teacher's server and turn its advantage into the per-token OPD advantage (`teacher.py`);
   4. pack and write `rollouts/step_n/` (atomically), log metrics, checkpoint.
-Writing step n and moving on to n + 1 is what overlaps generation with the trainer's step n.
+Writing step n and moving on to n + 1 is what overlaps generation with the trainer's step n. Steps 1-2
+and the generation of 3 are `generate`; the rest (advantages, the teacher's scoring, packing, writing) is
+`finish`, which `run_steps` runs while step n + 1 generates: the teacher's scoring of step n then costs
+no generation time. Steps finish in order, and a failure of either side ends the run.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -61,6 +65,19 @@ def rewards_tensor(groups: list[Group], n: int) -> torch.Tensor:
     """Rewards as float64 [groups, n] (n = completions per group; also for no groups): equal groups are
     detected exactly on these values, so they must not be rounded to float32 first."""
     return torch.tensor([g.rewards for g in groups], dtype=torch.float64).reshape(len(groups), n)
+
+
+@dataclass
+class Generated:
+    """One step's rollouts before `Orchestrator.finish`: what it needs, captured when generation ended (the next
+    step's generation changes the orchestrator's counters and draws more examples meanwhile)."""
+
+    step: int
+    start: float  # time.monotonic() at the step's start
+    groups: list[Group]  # every group generated
+    kept: list[Group]  # the groups that train
+    metrics: dict[str, float]  # of weight sync, eval and generation
+    state: OrchestratorState  # the checkpoint of a run resuming after this step
 
 
 class Orchestrator:
@@ -154,6 +171,12 @@ class Orchestrator:
         return samples
 
     async def step(self, step: int) -> dict[str, float]:
+        """Generate step `step`, then finish it (`run_steps` overlaps the two parts of consecutive steps)."""
+        return await self.finish(await self.generate(step))
+
+    async def generate(self, step: int) -> Generated:
+        """Steps 1-3 of the module docstring up to the rollouts: weights, eval, generation (dynamic sampling's
+        rounds included)."""
         c = self.config
         start = time.monotonic()
         self.generation_s, self.generated_tokens = 0.0, 0
@@ -169,6 +192,18 @@ class Orchestrator:
         else:
             metrics["perf/wait_for_weights_s"] = waited
             groups, kept = await self.collect(step)
+        cycle = time.monotonic() - start  # until the next step can start generating
+        metrics["perf/inference_tokens_per_s"] = self.generated_tokens / max(self.generation_s, 1e-9)
+        if not self.continuous:  # in step mode requests are in flight only while a batch is generated
+            metrics["async/inference_idle_frac"] = max(0.0, 1 - self.generation_s / max(cycle, 1e-9))
+        state = OrchestratorState(step + 1, dict(self.source.cursors), rng_to_json(self.source.rng))
+        return Generated(step, start, groups, kept, metrics, state)
+
+    async def finish(self, generated: Generated) -> dict[str, float]:
+        """Steps 3-4 of the module docstring after generation: advantages, the teacher's scoring, the batch
+        written; returns the step's metrics."""
+        c = self.config
+        step, groups, kept, metrics = generated.step, generated.groups, generated.kept, dict(generated.metrics)
         advantages = compute_advantages(c.advantage, rewards_tensor(kept, c.rollouts_per_example), c.normalize_advantages)
         if not kept:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
@@ -186,35 +221,48 @@ class Orchestrator:
             "rollout/filtered_frac": 1 - sum(len(g.rewards) for g in kept) / total,
             "rollout/num_samples": float(sum(len(g.rewards) for g in kept)),
             "rollout/micro_batches_per_rank": float(len(batches[0].micro_batches)),
-            "perf/inference_tokens_per_s": self.generated_tokens / max(self.generation_s, 1e-9),
-            "perf/step_time_s": time.monotonic() - start,
+            "perf/step_time_s": time.monotonic() - generated.start,
         }
         if isinstance(self.client, ServerPool) and len(self.client.clients) > 1:
             metrics |= self.client.step_metrics()
-        if not self.continuous:  # in step mode requests are in flight only while a batch is generated
-            metrics["async/inference_idle_frac"] = max(0.0, 1 - self.generation_s / metrics["perf/step_time_s"])
         return metrics
 
-    def checkpoint(self, next_step: int) -> None:
-        self.state = OrchestratorState(next_step, dict(self.source.cursors), rng_to_json(self.source.rng))
+    def checkpoint(self, state: OrchestratorState) -> None:
+        """Save `state` (a `Generated.state`: where a resumed run starts drawing)."""
+        self.state = state
         # Retention counts complete (trainer + orchestrator) steps: the parts this process writes ahead
         # of the trainer are kept until their partner arrives (run_dir.prune_checkpoints).
-        save_state(self.config.output_dir, self.state, self.config.ckpt.keep)
+        save_state(self.config.output_dir, state, self.config.ckpt.keep)
 
 
 async def run_steps(orch: Orchestrator, monitor: Monitor, first: int) -> None:
+    """Steps `first` .. max_steps - 1, step n's `finish` (then its log line and checkpoint) running while step
+    n + 1 generates. Finishes run one at a time, in step order; the first error of either side cancels the
+    other and is raised as itself."""
     config = orch.config
     interval = config.ckpt.interval
-    for step in range(first, config.max_steps):
-        metrics = await orch.step(step)
-        monitor.log(metrics, step)
+
+    async def complete(generated: Generated) -> None:
+        metrics = await orch.finish(generated)
+        monitor.log(metrics, generated.step)
         log.info(
-            f"step {step}: reward {metrics['reward/mean']:.3f}, lag {metrics['async/policy_lag_mean']:.2f}, "
+            f"step {generated.step}: reward {metrics['reward/mean']:.3f}, lag {metrics['async/policy_lag_mean']:.2f}, "
             f"{metrics['perf/step_time_s']:.2f}s (waited {metrics['perf/wait_for_weights_s']:.2f}s for weights)"
         )
-        done = step + 1
+        done = generated.step + 1
         if (interval and done % interval == 0) or done == config.max_steps:
-            orch.checkpoint(done)
+            orch.checkpoint(generated.state)
+
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            finishing = None
+            for step in range(first, config.max_steps):
+                generated = await orch.generate(step)
+                if finishing is not None:
+                    await finishing
+                finishing = tasks.create_task(complete(generated))
+    except ExceptionGroup as group:  # the task group wraps the first failure
+        raise group.exceptions[0] from None
 
 
 async def run(config: OrchestratorConfig) -> None:
