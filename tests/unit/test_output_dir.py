@@ -194,3 +194,6 @@ def test_the_recorded_rl_toml_runs_again_with_other_shared_values(tmp_path, no_c
     for name in ("inference", "orchestrator", "trainer"):
         assert getattr(again, name).model_dump() == getattr(first, name).model_dump(), name
     assert again.orchestrator.teacher.base_url is None  # rl starts a teacher server again
+    # Launch-time choices and defaults are not pinned: a free port and the matched dtype are chosen again.
+    assert "port" not in again.inference.model_fields_set and "dtype" not in again.inference.builtin.model_fields_set
+    assert again.ckpt.resume_step is None

@@ -140,15 +140,18 @@ class RLConfig(RunConfig):
 
     def recorded(self) -> dict:
         """The config as a file records it (`configs/rl.toml`, the SLURM job's `rl.toml`): without `overwrite`
-        (running the file again must not delete the run it describes) and without what rl hands down into the
+        (running the file again must not delete the run it describes), without `ckpt.resume_step` (a rerun would
+        roll back to it) and without what rl hands down into the
         component sections (the shared keys, trainer.advantage), which the next rl hands down again: so
         `rl @ configs/rl.toml --max-steps 200` goes on. Take it before `launch` fills in this run's ports,
         transfer ranks, devices and teacher URL."""
-        recorded = self.model_dump(mode="json", exclude={"overwrite"})
+        # Only what was set: a default written out would count as set when read back (a fixed port, a pinned dtype).
+        recorded = self.model_dump(mode="json", exclude={"overwrite"}, exclude_unset=True)
         for name in COMPONENTS:
             for key in SHARED_KEYS:
-                recorded[name].pop(key, None)
-        recorded["trainer"].pop("advantage")  # handed down from orchestrator.advantage
+                recorded.get(name, {}).pop(key, None)
+        recorded.get("trainer", {}).pop("advantage", None)  # handed down from orchestrator.advantage
+        recorded.get("ckpt", {}).pop("resume_step", None)  # a later run resumes where it is told, not here again
         return recorded
 
     def _check_split(self) -> None:

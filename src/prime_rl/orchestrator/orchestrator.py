@@ -196,6 +196,8 @@ class Orchestrator:
         metrics["perf/inference_tokens_per_s"] = self.generated_tokens / max(self.generation_s, 1e-9)
         if not self.continuous:  # in step mode requests are in flight only while a batch is generated
             metrics["async/inference_idle_frac"] = max(0.0, 1 - self.generation_s / max(cycle, 1e-9))
+        if isinstance(self.client, ServerPool) and len(self.client.clients) > 1:  # before the next step's requests
+            metrics |= self.client.step_metrics()
         state = OrchestratorState(step + 1, dict(self.source.cursors), rng_to_json(self.source.rng))
         return Generated(step, start, groups, kept, metrics, state)
 
@@ -223,8 +225,6 @@ class Orchestrator:
             "rollout/micro_batches_per_rank": float(len(batches[0].micro_batches)),
             "perf/step_time_s": time.monotonic() - generated.start,
         }
-        if isinstance(self.client, ServerPool) and len(self.client.clients) > 1:
-            metrics |= self.client.step_metrics()
         return metrics
 
     def checkpoint(self, state: OrchestratorState) -> None:
@@ -257,6 +257,8 @@ async def run_steps(orch: Orchestrator, monitor: Monitor, first: int) -> None:
         async with asyncio.TaskGroup() as tasks:
             finishing = None
             for step in range(first, config.max_steps):
+                if finishing is not None and config.max_async_level == 0:
+                    await finishing  # step n + 1 needs the weights trained on batch n: nothing to overlap
                 generated = await orch.generate(step)
                 if finishing is not None:
                     await finishing
