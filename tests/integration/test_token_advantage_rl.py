@@ -1,6 +1,6 @@
-"""Token-level advantage types end to end: `rl` with PPO's GAE over a critic and with token-level REINFORCE++
-(KL to the reference in the reward) trains on-policy (max_async_level 0, fp32, builtin) on advantages the
-trainer computed, and logs the critic's and the KL's metrics."""
+"""Token-level advantage types end to end: `rl` with PPO's GAE over a critic (separate, or a value head) and with
+token-level REINFORCE++ (KL to the reference in the reward) trains on-policy (max_async_level 0, fp32, builtin) on
+advantages the trainer computed, and logs the critic's and the KL's metrics."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ GAE = '[orchestrator.advantage]\ntype = "gae"\ngamma = 0.99\nlam = 0.9\n[trainer
 RPP = '[orchestrator.advantage]\ntype = "reinforce_plus_plus"\nkl_in_reward = "k3"\nkl_coef = 0.05\n'
 
 
-def test_gae_with_a_critic_runs_on_policy_and_logs_the_value_metrics(tmp_path):
-    trainer, orchestrator = on_policy_run_with_test_env(tmp_path, GAE, seq_len=256, max_tokens=8)
+@pytest.mark.parametrize("critic", ["separate", "value_head"])
+def test_gae_with_a_critic_runs_on_policy_and_logs_the_value_metrics(tmp_path, critic):
+    """Either kind of critic (`--trainer.critic.type`); a value head's hidden-state hook leaves the policy's forward
+    as it was: its logprobs still equal the server's (mismatch KL < 1e-6, checked by the run helper)."""
+    trainer, orchestrator = on_policy_run_with_test_env(tmp_path, GAE, seq_len=256, max_tokens=8,
+                                                        extra=["--trainer.critic.type", critic])
     for step, row in trainer.items():
         for key in ("value/loss", "value/mean", "value/explained_variance", "value/grad_norm", "optim/grad_norm"):
             assert math.isfinite(row[key]), (step, key, row)

@@ -84,17 +84,25 @@ def test_two_steps_write_weights_metrics_checkpoints_and_log(tiny_model_dir, tmp
     assert (out / "configs" / "trainer.toml").exists()
 
 
-@pytest.mark.parametrize("lora, advantage", [
-    (None, None),
-    ({"rank": 4, "dropout": 0.1, "modules_to_save": ["norm"]}, None),
-    (None, {"type": "gae", "gamma": 0.95, "lam": 0.9}),
-], ids=["full", "lora", "gae_critic"])
-def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path, lora, advantage):
+GAE = {"type": "gae", "gamma": 0.95, "lam": 0.9}
+HEAD = {"type": "value_head", "value_coef": 0.5, "optim": {"lr": 1e-2}}
+LORA = {"rank": 4, "dropout": 0.1, "modules_to_save": ["norm"]}
+
+
+@pytest.mark.parametrize("lora, advantage, critic", [
+    (None, None, None),
+    (LORA, None, None),
+    (None, GAE, None),
+    (None, GAE, HEAD),
+    (LORA, GAE, HEAD),
+], ids=["full", "lora", "gae_critic", "gae_value_head", "lora_value_head"])
+def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path, lora, advantage, critic):
     """3 steps straight == 2 steps, crash (batch 2 missing), resume from the checkpoint, 1 step; bit for bit,
     also for LoRA (whose checkpoint holds only the adapters, the saved norms and their optimizer state) and
-    with a critic (GAE: step 2's advantages come from the resumed critic, which then trains too)."""
+    with a critic (GAE: step 2's advantages come from the resumed critic, which then trains too): a separate
+    one, or a value head on the policy (also with LoRA, whose adapters then learn from the value loss too)."""
     sched = {"scheduler": {"type": "linear", "warmup_steps": 1}, "max_steps": 3, "lora": lora,
-             **({"advantage": advantage} if advantage else {})}
+             **({"advantage": advantage} if advantage else {}), **({"critic": critic} if critic else {})}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     write_steps(straight, range(3), advantage=advantage)
     train(config(tiny_model_dir, straight, **sched))
@@ -125,6 +133,10 @@ def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_pa
         last_straight, last_resumed = metrics_lines(straight)[-1], metrics_lines(resumed)[-1]
         for key in ("value/mean", "value/explained_variance", "value/loss", "value/grad_norm"):
             assert last_straight[key] == last_resumed[key], key
+    if critic is not None:  # the head trained (its values moved) and stays out of the weights the servers get
+        assert len({m["value/mean"] for m in metrics_lines(straight)}) == 3
+        if lora is None:
+            assert set(a) == set(load_file(tiny_model_dir / "model.safetensors")), sorted(a)
 
 
 def test_a_critic_checkpoint_resumes_only_with_a_critic_and_the_advantage_types_must_agree(tiny_model_dir, tmp_path):
@@ -132,7 +144,7 @@ def test_a_critic_checkpoint_resumes_only_with_a_critic_and_the_advantage_types_
     write_steps(out, range(1))
     train(config(tiny_model_dir, out, ckpt={"interval": 1}, max_steps=1))  # no critic
     write_steps(out, [1])
-    with pytest.raises(UserError, match="trained without a critic but this run has") as caught:
+    with pytest.raises(UserError, match="trained with no critic but this run has a separate critic") as caught:
         train(config(tiny_model_dir, out, ckpt={"resume_step": 1}, max_steps=2, advantage={"type": "gae"}))
     assert "\n" not in str(caught.value)
     # A trainer started by hand with another type than the orchestrator's: refused, never zero advantages.
@@ -229,17 +241,22 @@ def test_entrypoint_exit_codes(tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("normalization, lora, advantage", [
-    ("token", None, None), ("sequence", None, None), ("constant", None, None),
-    ("token", {"rank": 4, "modules_to_save": ["norm"]}, None),
-    ("token", None, {"type": "gae", "lam": 0.9}),
-], ids=["token", "sequence", "constant", "lora", "gae_critic"])
-def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normalization, lora, advantage):
+@pytest.mark.parametrize("normalization, lora, advantage, critic", [
+    ("token", None, None, None), ("sequence", None, None, None), ("constant", None, None, None),
+    ("token", {"rank": 4, "modules_to_save": ["norm"]}, None, None),
+    ("token", None, {"type": "gae", "lam": 0.9}, None),
+    ("token", None, {"type": "gae", "lam": 0.9}, HEAD),
+], ids=["token", "sequence", "constant", "lora", "gae_critic", "gae_value_head"])
+def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normalization, lora, advantage, critic):
     """The same 4 micro-batches on 1 rank or dealt over 2 gloo ranks give the same update (to 1e-5); also
     with LoRA (frozen base, trainable adapters and trained norms sharded by FSDP2 together) and with a
-    critic (GAE whitened over both ranks' tokens; the value loss normalised by the step's token count)."""
+    critic (GAE whitened over both ranks' tokens; the value loss normalised by the step's token count): a
+    separate one, or a value head (replicated; its gradient summed over the ranks), whose state is compared
+    in the checkpoints."""
     loss = {"type": "default", "normalization": normalization}
     extra = {"advantage": advantage} if advantage else {}
+    if critic is not None:
+        extra |= {"critic": critic, "ckpt": {"interval": 1}}
     one, two = tmp_path / "one", tmp_path / "two"
     micro = {"micro_batches": 4, "completion_len": 9}
     write_steps(one, [0], world_size=1, advantage=advantage, **micro)
@@ -268,6 +285,21 @@ def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, normaliz
     assert m2["optim/grad_norm"] == pytest.approx(m1["optim/grad_norm"], rel=1e-5)
     for key in ("value/loss", "value/mean", "value/explained_variance", "value/grad_norm") if advantage else ():
         assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+    if critic is not None:
+        head_one, head_two = critic_state(one, 1), critic_state(two, 1)
+        for key in head_one:
+            torch.testing.assert_close(head_one[key], head_two[key], atol=1e-6, rtol=0, msg=key)
+
+
+def critic_state(out: Path, step: int) -> dict[str, torch.Tensor]:
+    """The value head's weight and bias in checkpoint step_N (any number of ranks wrote it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(ckpt_dir(out, step))).read_metadata().state_dict_metadata
+    state = {"critic": {name: torch.empty(metadata[f"critic.{name}"].size) for name in ("weight", "bias")}}
+    dcp.load(state, checkpoint_id=str(ckpt_dir(out, step)), no_dist=True)
+    return state["critic"]
 
 
 def test_keep_one_with_orchestrator_parts_ahead_keeps_the_trainers_newest(tiny_model_dir, tmp_path):

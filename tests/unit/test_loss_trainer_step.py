@@ -27,11 +27,11 @@ RESHAPE = {"type": "is_reshape", "rho_min": 0.9}  # rho_min = 0.9 makes gamma_ba
 
 
 def make_session(model_dir) -> SimpleNamespace:
-    """What `train_on_batch` uses of a TrainSession: the model, backward, the device (no FSDP: each
-    rank's gradient is its micro-batches' share of the global step gradient)."""
+    """What `train_on_batch` uses of a TrainSession: the model, backward, the device, the critic (none; no FSDP:
+    each rank's gradient is its micro-batches' share of the global step gradient)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     return SimpleNamespace(model=model, backward=lambda loss: loss.backward(),
-                           dist=SimpleNamespace(device=torch.device("cpu")))  # fmt: skip
+                           dist=SimpleNamespace(device=torch.device("cpu")), critic=None)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,9 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -218,6 +220,42 @@ def test_a_checkpoint_of_another_model_fails_in_one_line(saved):
     with pytest.raises(UserError, match=r"^cannot load checkpoint .*step_2/trainer: \w+: ") as exc:
         load_checkpoint(out, 2, model, optimizer, scheduler)
     assert "\n" not in str(exc.value)
+
+
+def head_critic():
+    """What the checkpoint reads of a critic: its `model` and `optimizer` (here a value head's shape)."""
+    head = torch.nn.Linear(8, 1)
+    return SimpleNamespace(model=head, optimizer=build_optimizer(head, OptimConfig()))
+
+
+@pytest.mark.parametrize("saved_kind, resumed_kind, refused", [
+    ("value_head", "separate", "with a value head (critic.type 'value_head') but this run has a separate critic"),
+    ("separate", "value_head", "with a separate critic (critic.type 'separate') but this run has a value head"),
+    (True, "value_head", "with a separate critic"),  # written before value heads: its critic was a separate model
+    ("value_head", None, "with a value head (critic.type 'value_head') but this run has no critic"),
+    (None, "value_head", "with no critic but this run has a value head"),
+    (True, "separate", None),
+    ("value_head", "value_head", None),
+])
+def test_a_checkpoint_resumes_only_with_the_kind_of_critic_it_trained(tmp_path, saved_kind, resumed_kind, refused):
+    model, optimizer, scheduler = trained()
+    critic = head_critic() if saved_kind else None
+    save_checkpoint(tmp_path, 2, model, optimizer, scheduler, identity={"lora": None, "critic": saved_kind},
+                    critic=critic)
+    before = params(model)
+    fresh_model, fresh_optimizer, fresh_scheduler = trained(steps=0, seed=1)
+    fresh_critic = head_critic() if resumed_kind else None
+    identity = {"lora": None, **({"critic": resumed_kind} if resumed_kind else {})}
+    if refused is None:
+        load_checkpoint(tmp_path, 2, fresh_model, fresh_optimizer, fresh_scheduler, identity, fresh_critic)
+        assert torch.equal(fresh_critic.model.weight, critic.model.weight)
+        return
+    untouched = params(fresh_model)
+    with pytest.raises(UserError, match=re.escape(refused)) as exc:
+        load_checkpoint(tmp_path, 2, fresh_model, fresh_optimizer, fresh_scheduler, identity, fresh_critic)
+    assert "\n" not in str(exc.value) and "resume with the checkpoint's advantage type and critic.type" in str(exc.value)
+    assert all(torch.equal(untouched[k], v) for k, v in params(fresh_model).items())  # nothing loaded
+    assert any(not torch.equal(before[k], v) for k, v in untouched.items())
 
 
 class Schedule:

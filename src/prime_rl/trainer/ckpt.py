@@ -10,8 +10,8 @@ Frozen parameters are not stored: with LoRA the model part holds only the adapte
 modules' weights (and the optimizer their state); the base comes from model.name. With a critic
 (advantage type "gae") the DCP part also holds "critic" and "critic_optim". `meta.json`'s "model"
 records what was trained (`lora.checkpoint_identity`: LoRA on/off, its shape, the base's
-fingerprint; "critic": true with a critic), and a resume into another one is refused
-(`lora.check_resume`, and here for the critic) before anything is loaded.
+fingerprint; "critic": the critic.type, "separate" or "value_head", with a critic), and a resume into another
+one is refused (`lora.check_resume`, and here for the critic's kind) before anything is loaded.
 
 Nothing is pickled besides DCP's own files, and those load with `safe_dcp`'s allow-list:
 resuming from a checkpoint someone else supplied cannot run code. State that JSON would
@@ -54,6 +54,16 @@ from prime_rl.utils.json_state import (
 from prime_rl.utils.lora import is_saved_module
 
 META = "meta.json"
+CRITICS = {None: "no critic", "separate": "a separate critic (critic.type 'separate')",
+           "value_head": "a value head (critic.type 'value_head')"}
+
+
+def critic_kind(identity: dict) -> str | None:
+    """The critic an identity records: None, "separate" or "value_head" (`true`: a checkpoint written before
+    value heads existed, whose critic was a separate model)."""
+    kind = identity.get("critic")
+    return "separate" if kind is True else (kind or None)
+
 TRAINABLE = StateDictOptions(ignore_frozen_params=True)  # frozen (LoRA base) weights come from model.name
 
 
@@ -105,7 +115,8 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
                     scheduler, extra: dict | None = None, keep: int | None = None,
                     identity: dict | None = None, critic=None) -> Path:
     """Collective: every rank calls it after `step` optimizer steps. `identity`: what was trained
-    (`lora.checkpoint_identity`), checked on resume; `critic`: the `gae` value model (`trainer/critic.py`),
+    (`lora.checkpoint_identity`, with "critic": its type), checked on resume; `critic`: the `gae` critic, a
+    separate model (`trainer/critic.py`) or a value head (`trainer/value_head.py`), its `model` and `optimizer`
     stored beside the policy as "critic" and "critic_optim"."""
     rank = dist.get_rank()
     # Every rank serialises first: a field JSON cannot restore fails on all ranks, before any write.
@@ -148,8 +159,8 @@ def _verify(directory: Path) -> None:
 
 def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler, identity: dict | None = None, critic=None) -> dict:
-    """Collective: verify, check the checkpoint trained this `identity` (and has a critic iff `critic` is
-    given), then restore model, optimizer, the critic, scheduler and this rank's RNG; returns the saved
+    """Collective: verify, check the checkpoint trained this `identity` (its LoRA shape and its kind of critic,
+    which `critic` is), then restore model, optimizer, the critic, scheduler and this rank's RNG; returns the saved
     `extra`."""
     directory = ckpt_dir(output_dir, step)
     _verify(directory)
@@ -161,10 +172,11 @@ def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
         raise UserError(f"cannot load checkpoint {directory}: {META}: {exc}") from None
     saved = meta.get("model") or {"lora": None}
     check_resume(saved, identity or {"lora": None}, str(directory))
-    if bool(saved.get("critic")) != (critic is not None):
-        raise UserError(f"checkpoint {directory} was trained {'with' if saved.get('critic') else 'without'} a "
-                        f"critic but this run {'has' if critic is not None else 'has none'} (advantage type 'gae' "
-                        "trains one): resume with the checkpoint's advantage type")
+    was, now = critic_kind(saved), critic_kind(identity or {})
+    if was != now:
+        raise UserError(f"checkpoint {directory} was trained with {CRITICS.get(was, repr(was))} but this run has "
+                        f"{CRITICS.get(now, repr(now))} (advantage type 'gae' trains a critic of critic.type): resume "
+                        "with the checkpoint's advantage type and critic.type")
     try:
         state = _state(model, optimizer, identity, critic)
         safe_dcp.load(state, directory)

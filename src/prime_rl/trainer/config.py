@@ -113,16 +113,25 @@ class TrainingConfig(RunConfig):
 
 
 class CriticConfig(BaseConfig):
-    """The value model V of the `gae` advantage type: a separate model (the policy's architecture with a
-    one-output token-classification head), trained by the trainer with a clipped value loss; see
-    docs/losses.md#ppo-with-a-critic-gae."""
+    """The value model V of the `gae` advantage type, trained by the trainer with a clipped value loss: a
+    separate model (the policy's architecture with a one-output token-classification head) or a value head on
+    the policy's own final hidden states; see docs/losses.md#ppo-with-a-critic-gae."""
 
+    type: Literal["separate", "value_head"] = "separate"
+    """separate: a second model with its own forward and backward; value_head: V_t = w . h_{t-1} + b on the policy's own final hidden states h, trained in one backward with the policy on L_policy + value_coef * L_V (the trunk learns from the value loss too)."""
     model: Annotated[str, Field(min_length=1)] | None = None
-    """Where the critic starts: a local model directory (its decoder weights; the head is new, seeded); none: the policy's model.name."""
+    """Where the separate critic starts: a local model directory (its decoder weights; the head is new, seeded); none: the policy's model.name. Not with type value_head."""
+    value_coef: Annotated[float, Field(gt=0)] | None = None
+    """value_head only: the weight c_V of the value loss in the joint loss L = L_policy + c_V * L_V (none: 0.1)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    """The critic's own AdamW (constant lr) and gradient clipping."""
+    """The critic's own AdamW (constant lr) and gradient clipping (value_head: the head's; the trunk steps with the policy's optim)."""
     value_clip: Annotated[float, Field(gt=0)] | None = 0.2
     """Clip the new value to V_old +- this in the value loss (PPO's value clipping); none: plain squared error."""
+
+    @property
+    def value_loss_coef(self) -> float:
+        """c_V of the joint loss (value_head): `value_coef`, or 0.1 when unset."""
+        return self.value_coef if self.value_coef is not None else 0.1
 
 
 class TrainerConfig(TrainingConfig):
@@ -164,3 +173,10 @@ class TrainerConfig(TrainingConfig):
         if self.critic is not None and self.advantage.type != "gae":
             raise ValueError(f"{prefix}critic is used only by advantage type 'gae' (the advantage type is "
                              f"{self.advantage.type!r})")
+        critic = self.critic
+        if critic is not None and critic.type == "separate" and critic.value_coef is not None:
+            raise ValueError(f"{prefix}critic.value_coef weights the value loss in the policy's loss, which only "
+                             "critic.type = 'value_head' has (the separate critic has its own loss)")
+        if critic is not None and critic.type == "value_head" and critic.model is not None:
+            raise ValueError(f"{prefix}critic.model is where a separate critic starts: a value head sits on the "
+                             "policy itself (critic.type = 'value_head')")

@@ -1,14 +1,15 @@
-"""The critic of the `gae` advantage type: a value model V trained beside the policy.
+"""The critic of the `gae` advantage type: the value loss both kinds of critic train on, and the separate
+value model (`critic.type = "separate"`; the other kind, a head on the policy, is `value_head.py`).
 
 V is a separate model: the policy's architecture (from `critic.model`, else the policy's own weights)
 with a one-output token-classification head (`AutoModelForTokenClassification`, num_labels = 1; the
 head is new, drawn from the seed), sharded with FSDP2 like the policy and run in eval mode (no
 dropout, so V is a function of the tokens). The value of trained token t is the head's output at
-position t - 1, the state the policy sampled token t from (the first token of a segment is never
-trained, so t - 1 is always in the same segment).
+position t - 1, the state the policy sampled token t from (`model.from_previous_position`; the first
+token of a segment is never trained, so t - 1 is always in the same segment).
 
 Per update epoch, with V_old the values the advantages were computed with, G the GAE returns and
-N the step's trained tokens (all ranks), the critic minimises (PPO's clipped value loss)
+N the step's trained tokens (all ranks), the critic minimises (PPO's clipped value loss, `value_loss`)
 
     L_V = 1/N sum_t 0.5 max((V_t - G_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - G_t)^2)
 
@@ -19,17 +20,59 @@ N the step's trained tokens (all ranks), the critic minimises (PPO's clipped val
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import AutoModelForTokenClassification
 
 from prime_rl.configs.shared import ModelConfig
 from prime_rl.trainer.config import CriticConfig, RuntimeConfig
-from prime_rl.trainer.dist import all_reduce_sum
-from prime_rl.trainer.model import forward_rows_logits, load_pretrained, prepare_model
+from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum
+from prime_rl.trainer.model import (
+    forward_rows_logits,
+    from_previous_position,
+    load_pretrained,
+    on_model_device,
+    prepare_model,
+)
 from prime_rl.trainer.optim import build_optimizer, checked_step
+from prime_rl.trainer.rl.loss import reduce_metrics
 from prime_rl.utils.batch_format import MicroBatch
 from prime_rl.utils.embedded_models import resolve_model_path
 from prime_rl.utils.errors import UserError
+
+
+@dataclass(frozen=True)
+class ValueTargets:
+    """What the value loss of one step regresses on: per micro-batch of this rank V_old [T] and the GAE returns
+    G [T] (`token_level_advantages`), and N, the step's trained tokens on all ranks."""
+
+    old_values: list[torch.Tensor]
+    returns: list[torch.Tensor]
+    count: float
+
+
+def value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, count: float,
+               clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's share of the clipped value loss (module docstring) and its metrics as `[sum, count]`
+    pairs (`rl.loss.reduce_metrics`): `value/loss` [0.5 sum_t err_t, n] (summed over the step: L_V) and
+    `value/clip_frac` [tokens with |V - V_old| > c, n], n = the micro-batch's trained tokens.
+
+        share = 1/N sum_{t in mask} 0.5 max((V_t - G_t)^2, (V_old_t + clip(V_t - V_old_t, -c, c) - G_t)^2)
+
+    `values` V carries the gradient; `old`, `target` (any device, float) are constants."""
+    old, target = old.to(values.device, torch.float32), target.to(values.device, torch.float32)
+    mask = mask.to(values.device)
+    error = (values - target).square()
+    clipped = torch.zeros((), device=values.device)
+    if clip is not None:
+        moved = values - old
+        error = torch.maximum(error, (old + moved.clamp(-clip, clip) - target).square())
+        clipped = (moved.detach().abs() > clip)[mask].sum().float()
+    half_sum = 0.5 * (error * mask).sum()
+    n = mask.sum().float()
+    metrics = {"value/loss": torch.stack([half_sum.detach(), n]), "value/clip_frac": torch.stack([clipped, n])}
+    return half_sum / max(count, 1.0), metrics
 
 
 class Critic:
@@ -53,32 +96,23 @@ class Critic:
     def values(self, mb: MicroBatch) -> torch.Tensor:
         """V [T] float32 of a packed row (module docstring: token t's value is the output at t - 1); 0 at
         each segment's first token. Gradients flow unless called under `torch.no_grad()`."""
-        rows = [(mb.input_ids.to(self.device), mb.position_ids.to(self.device), mb.sample_lens.to(self.device))]
-        out = forward_rows_logits(self.model, rows)[0][:, 0]
-        return torch.cat([out.new_zeros(1), out[:-1]])
+        rows = on_model_device(self.model, [(mb.input_ids, mb.position_ids, mb.sample_lens)])
+        return from_previous_position(forward_rows_logits(self.model, rows)[0][:, 0], mb.sample_lens)
 
-    def train_epoch(self, batch: list[MicroBatch], old_values: list[torch.Tensor], returns: list[torch.Tensor],
-                    world_size: int, step: int) -> dict[str, float]:
+    def train_epoch(self, batch: list[MicroBatch], targets: ValueTargets, world_size: int,
+                    step: int) -> dict[str, float]:
         """One pass of the clipped value loss over this rank's micro-batches and one AdamW step."""
-        (count,) = all_reduce_sum([float(sum(mb.num_loss_tokens for mb in batch))], self.device)
-        loss_sum, clipped = 0.0, 0.0
-        clip = self.config.value_clip
-        for mb, old, target in zip(batch, old_values, returns, strict=True):
-            mask = mb.loss_mask.to(self.device)
-            old, target = old.to(self.device, torch.float32), target.to(self.device, torch.float32)
-            v = self.values(mb)
-            error = (v - target).square()
-            if clip is not None:
-                v_clipped = old + (v - old).clamp(-clip, clip)
-                error = torch.maximum(error, (v_clipped - target).square())
-                clipped += float(((v - old).abs() > clip)[mask].sum())
-            loss = 0.5 * (error * mask).sum() / max(count, 1.0)
+        pairs = []
+        for mb, old, target in zip(batch, targets.old_values, targets.returns, strict=True):
+            loss, metrics = value_loss(self.values(mb), old, target, mb.loss_mask, targets.count,
+                                       self.config.value_clip)
             (loss * world_size).backward()  # FSDP averages over ranks; the loss is already a global sum
-            loss_sum += float(loss.detach())
-        loss_total, clipped = all_reduce_sum([loss_sum, clipped], self.device)
-        grad_norm = checked_step(self.model, self.optimizer, self.config.optim.max_norm, loss_total,
-                                 f"critic step {step}")
-        return {"value/loss": loss_total, "value/clip_frac": clipped / max(count, 1.0), "value/grad_norm": grad_norm}
+            pairs.append(metrics)
+        totals, _ = all_reduce_pairs(pairs, self.device)
+        metrics = reduce_metrics([totals])
+        grad_norm = checked_step(self.model, self.optimizer, self.config.optim.max_norm,
+                                 metrics.get("value/loss", 0.0), f"critic step {step}")
+        return metrics | {"value/grad_norm": grad_norm}
 
 
 def value_metrics(old_values: list[torch.Tensor], returns: list[torch.Tensor], masks: list[torch.Tensor],

@@ -51,6 +51,21 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_pairs(pairs: list[dict[str, torch.Tensor]], device: torch.device,
+                     sums: list[float] = ()) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Collective, one all-reduce: the `[sum, count]` metric pairs of this rank's micro-batches (the same keys on
+    every rank) summed over them and over every rank, and the scalars `sums` summed over ranks."""
+    totals: dict[str, torch.Tensor] = {}
+    for metrics in pairs:
+        for key, pair in metrics.items():
+            pair = pair.detach().to("cpu", torch.float64)
+            totals[key] = totals[key] + pair if key in totals else pair
+    keys = sorted(totals)
+    reduced = all_reduce_sum([*sums, *[x for k in keys for x in totals[k].tolist()]], device)
+    pairs_out = {k: torch.tensor(reduced[len(sums) + 2 * i: len(sums) + 2 * i + 2]) for i, k in enumerate(keys)}
+    return pairs_out, reduced[:len(sums)]
+
+
 def all_gather_rows(rows: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
     """Every rank's `rows` ([N_r, K] float64, N_r may differ between ranks), in rank order, on the CPU."""
     count = torch.tensor([rows.shape[0]], dtype=torch.long, device=device)

@@ -1,5 +1,6 @@
 """The trainer's model: load (or randomly initialise) a Hugging Face causal LM, shard it
-with FSDP2, and compute per-token logprobs and entropies of packed rows.
+with FSDP2, and compute per-token logprobs and entropies of packed rows (and the final hidden
+states a value head reads, from the same forward).
 
 Packing: a row holds several samples (and shared prompts) end to end; `attention_layout`
 turns rows into one forward whose attention never crosses a unit (position ids alone do
@@ -17,7 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from prime_rl.configs.shared import ModelConfig
-from prime_rl.trainer.attention_layout import Row, flash_layout, padded_layout
+from prime_rl.trainer.attention_layout import ForwardLayout, Row, flash_layout, padded_layout
 from prime_rl.trainer.config import ModelInitConfig, RuntimeConfig
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
@@ -147,9 +148,16 @@ def prepare_model(model: nn.Module, options: RuntimeConfig, device: torch.device
     return model
 
 
-def forward_rows_logits(model: nn.Module, rows: list[Row], pad_id: int = 0) -> list[torch.Tensor]:
+def forward_rows(model: nn.Module, rows: list[Row], pad_id: int = 0,
+                 hidden: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Logits [T_i, V] (float32) of several packed rows `(input_ids, position_ids, sample_lens)` in one forward
-    (`attention_layout`: per-unit attention, shared prompts computed once with sdpa/eager)."""
+    (`attention_layout`: per-unit attention, shared prompts computed once with sdpa/eager), and with `hidden`
+    the final hidden states [T_i, H] (float32) of that same forward, else None.
+
+    The final hidden state h_t is the input of the output embedding (`get_output_embeddings()`, lm_head:
+    logits_t = lm_head(h_t)), captured by a forward pre-hook; Hugging Face's causal LMs apply
+    `logits_to_keep` to h before lm_head, so h and the logits come at the same positions and are mapped
+    to row order alike (`layout.index`)."""
     attn = getattr(model.config, "_attn_implementation", None)
     layout = flash_layout(rows) if attn == "flash_attention_2" else padded_layout(rows, pad_id)
     mask = layout.attention_mask
@@ -157,13 +165,40 @@ def forward_rows_logits(model: nn.Module, rows: list[Row], pad_id: int = 0) -> l
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
     keep = {} if layout.keep is None else {"logits_to_keep": layout.keep}
-    out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False,
-                **keep)
-    logits = out.logits
-    if layout.keep is not None and logits.shape[1] != layout.keep.numel():  # a head that ignores logits_to_keep
-        logits = logits[:, layout.keep]  # (the critic's token classification): keep the same positions
-    flat = logits.flatten(0, 1)
+    captured: list[torch.Tensor] = []
+    hook = None
+    if hidden:
+        head = model.get_output_embeddings()
+        if head is None:
+            raise UserError(f"{type(model).__name__} has no output embedding (lm_head) to take hidden states from")
+        hook = head.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+    try:
+        out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask,
+                    use_cache=False, **keep)
+    finally:
+        if hook is not None:
+            hook.remove()
+    return _in_row_order(out.logits, layout), (_in_row_order(captured[-1], layout) if hidden else None)
+
+
+def _in_row_order(per_position: torch.Tensor, layout: ForwardLayout) -> list[torch.Tensor]:
+    """[B, W, D] outputs of a layout's forward (or [1, len(keep), D] with `keep`) as float32 [T_i, D] per row."""
+    if layout.keep is not None and per_position.shape[1] != layout.keep.numel():
+        per_position = per_position[:, layout.keep]  # a head that ignores logits_to_keep (the critic's)
+    flat = per_position.flatten(0, 1)
     return [flat[index].float() for index in layout.index]
+
+
+def forward_rows_logits(model: nn.Module, rows: list[Row], pad_id: int = 0) -> list[torch.Tensor]:
+    """The logits of `forward_rows`."""
+    return forward_rows(model, rows, pad_id)[0]
+
+
+def from_previous_position(x: torch.Tensor, sample_lens: torch.Tensor) -> torch.Tensor:
+    """y [T]: y[t] = x[t - 1], and 0 at every segment's first token (nothing of its segment precedes it). What
+    position t - 1 computes is the state token t was sampled from: a value V_t is read there."""
+    shifted = torch.cat([x.new_zeros(1), x[:-1]])
+    return shifted.masked_fill(segment_starts(sample_lens.to(x.device), int(x.numel())), 0.0)
 
 
 def segment_starts(sample_lens: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -227,7 +262,22 @@ def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: to
 def compute_rows_logprobs(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingRule(), pad_id: int = 0,
                           entropies: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """`compute_logprobs` of several packed rows `(input_ids, position_ids, sample_lens)` in one forward."""
-    device = next(model.parameters()).device
-    rows = [(ids.to(device), pos.to(device), lens.to(device)) for ids, pos, lens in rows]
+    rows = on_model_device(model, rows)
     logits = forward_rows_logits(model, rows, pad_id)
     return [token_logprobs(lg, ids, lens, rule, entropies) for lg, (ids, _, lens) in zip(logits, rows, strict=True)]
+
+
+def compute_logprobs_and_hidden(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                                sample_lens: torch.Tensor, rule: SamplingRule = SamplingRule()
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`compute_logprobs` of a packed row and its final hidden states [T, H] (float32) from the same forward
+    (`forward_rows`: the input of lm_head, position t in row order)."""
+    ((ids, pos, lens),) = on_model_device(model, [(input_ids, position_ids, sample_lens)])
+    (logits,), (hidden,) = forward_rows(model, [(ids, pos, lens)], hidden=True)
+    return *token_logprobs(logits, ids, lens, rule), hidden
+
+
+def on_model_device(model: nn.Module, rows: list[Row]) -> list[Row]:
+    """`rows` on the device of `model`'s parameters."""
+    device = next(model.parameters()).device
+    return [(ids.to(device), pos.to(device), lens.to(device)) for ids, pos, lens in rows]

@@ -5,12 +5,13 @@
 
 Step N (0-based) reads `rollouts/step_N/rank_R.pt`; under a token-level advantage type
 (`reinforce_plus_plus`, `gae`) it first turns the batch's rewards into per-token advantages
-(`token_advantage.py`; `gae` with the critic's values, `critic.py`), under a group type with
+(`token_advantage.py`; `gae` with the critic's values: `critic.py`, `value_head.py`), under a group type with
 `kl_in_reward` it recomputes the group advantages from rewards minus the KL (`group_kl.py`). It then computes trainer
 logprobs under the batch's sampling rule (temperature and truncation), the configured loss over
 all micro-batches with a global `LossScale`, takes `update_epochs` optimizer steps on it (the
 loss metrics logged are the last pass's, so with several passes they show the policy's drift
-from the sampler; the critic takes one step per pass too), and writes `weights/step_{N+1}/`.
+from the sampler; the critic takes one step per pass too: a value head's loss joins the policy's backward), and
+writes `weights/step_{N+1}/`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import torch
 from prime_rl.configs.advantage import AdvantageConfig
 from prime_rl.configs.cli import run_main
 from prime_rl.trainer.config import TrainerConfig
-from prime_rl.trainer.critic import value_metrics
+from prime_rl.trainer.critic import ValueTargets, value_loss, value_metrics
 from prime_rl.trainer.data import wait_for_batch
-from prime_rl.trainer.dist import all_gather_rows, all_reduce_sum, destroy
-from prime_rl.trainer.model import compute_logprobs, load_model, prepare_model
+from prime_rl.trainer.dist import all_gather_rows, all_reduce_pairs, all_reduce_sum, destroy
+from prime_rl.trainer.model import compute_logprobs, compute_logprobs_and_hidden, load_model, prepare_model
 from prime_rl.trainer.rl.group_kl import group_advantages, sample_table
 from prime_rl.trainer.rl.loss import (
     Loss,
@@ -40,6 +41,7 @@ from prime_rl.trainer.rl.loss import (
 )
 from prime_rl.trainer.rl.token_advantage import gae, moments, token_rewards, whiten
 from prime_rl.trainer.session import TrainSession
+from prime_rl.trainer.value_head import ValueHead
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.sampling_rule import SamplingRule
@@ -72,9 +74,10 @@ def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
 
 
 def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale: LossScale,
-                   ref_model: torch.nn.Module | None = None,
-                   match_truncation: bool = True) -> tuple[float, dict[str, float]]:
-    """Forward/backward every micro-batch of this rank; returns the global step loss and loss metrics.
+                   ref_model: torch.nn.Module | None = None, match_truncation: bool = True,
+                   targets: ValueTargets | None = None) -> tuple[float, dict[str, float]]:
+    """Forward/backward every micro-batch of this rank; returns the global step loss that was backpropagated and
+    the metrics (`loss/total`: the policy's loss).
 
     A loss that needs a statistic of the whole step (`loss_fn.needs_log_ratio_moments`: is_reshape's
     variance of log r) first gets it from a no-grad forward of every micro-batch, all-reduced over
@@ -82,6 +85,8 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
     Tokens are scored under the batch's sampling rule (temperature, and its truncation when
     `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
+    With a value head (`session.critic` a `ValueHead`; `targets`: V_old and G) each micro-batch's loss is the
+    joint L_policy + c_V * L_V, V read from the same forward's final hidden states (`value_head.py`).
     """
     rule = scoring_rule(batch, match_truncation)
     if loss_fn.needs_log_ratio_moments:
@@ -91,25 +96,35 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
                 lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
                 moments += log_ratio_moments(loss_inputs(mb, lp, None, None))
         scale = scale.with_log_ratio_moments(all_reduce_sum(moments.tolist(), session.dist.device))
-    loss_sum = 0.0
-    pairs: dict[str, torch.Tensor] = {}
-    for mb in batch.micro_batches:
+    head = session.critic if isinstance(session.critic, ValueHead) else None
+    loss_sum, policy_sum = 0.0, 0.0
+    pairs: list[dict[str, torch.Tensor]] = []
+    for i, mb in enumerate(batch.micro_batches):
         ref = None
         if ref_model is not None and mb.ref_logprobs is None:
             with torch.no_grad():
                 ref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)[0]
-        lp, ent = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
+        if head is None:
+            lp, ent = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
+        else:
+            lp, ent, hidden = compute_logprobs_and_hidden(session.model, mb.input_ids, mb.position_ids,
+                                                          mb.sample_lens, rule)
         out = loss_fn(loss_inputs(mb, lp, ent, ref), scale)
-        session.backward(out.loss)
-        loss_sum += float(out.loss.detach())
-        for key, pair in out.metrics.items():
-            pair = pair.detach().to("cpu", torch.float64)
-            pairs[key] = pairs[key] + pair if key in pairs else pair
-    keys = sorted(pairs)  # the same keys on every rank: they depend on the config, not the data
-    reduced = all_reduce_sum([loss_sum, *[x for k in keys for x in pairs[k].tolist()]], session.dist.device)
-    total = reduced[0]
-    metrics = reduce_metrics([{k: torch.tensor(reduced[1 + 2 * i: 3 + 2 * i]) for i, k in enumerate(keys)}])
-    metrics["loss/total"] = total
+        loss = out.loss
+        pairs.append(out.metrics)
+        if head is not None:
+            value_share, value_pairs = value_loss(head.values_of(hidden, mb.sample_lens), targets.old_values[i],
+                                                  targets.returns[i], mb.loss_mask, targets.count,
+                                                  head.config.value_clip)
+            loss = loss + head.coef * value_share
+            pairs.append(value_pairs)
+        session.backward(loss)
+        loss_sum += float(loss.detach())
+        policy_sum += float(out.loss.detach())
+    # the keys are the same on every rank: they depend on the config, not the data
+    totals, (total, policy_total) = all_reduce_pairs(pairs, session.dist.device, [loss_sum, policy_sum])
+    metrics = reduce_metrics([totals])
+    metrics["loss/total"] = policy_total
     return total, metrics
 
 
@@ -175,10 +190,10 @@ def group_kl_batch(session: TrainSession, batch: RankBatch, advantage: Advantage
 
 def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: AdvantageConfig,
                            ref_model: torch.nn.Module | None, rule: SamplingRule
-                           ) -> tuple[RankBatch, list[torch.Tensor], list[torch.Tensor], dict[str, float]]:
+                           ) -> tuple[RankBatch, ValueTargets, dict[str, float]]:
     """The batch with each micro-batch's advantages replaced by the token-level type's (`token_advantage`:
     rewards, the KL to the reference with `kl_in_reward`, the critic's V_old for `gae`, whitened over the
-    step), V_old and the returns G per micro-batch (the critic's inputs), and the step's advantage metrics."""
+    step), V_old and the returns G per micro-batch (the critic's targets), and the step's advantage metrics."""
     values, returns, rows, masks, kls, refs = [], [], [], [], [], []
     lam = advantage.lam if advantage.type == "gae" else 1.0
     for mb in batch.micro_batches:
@@ -211,7 +226,7 @@ def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: A
         metrics |= value_metrics(values, returns, masks, device)
     micro_batches = [replace(mb, advantages=a.float(), ref_logprobs=ref)
                      for mb, a, ref in zip(batch.micro_batches, rows, refs, strict=True)]
-    return replace(batch, micro_batches=micro_batches), values, returns, metrics
+    return replace(batch, micro_batches=micro_batches), ValueTargets(values, returns, raw[2]), metrics
 
 
 def train(config: TrainerConfig) -> None:
@@ -235,17 +250,20 @@ def train(config: TrainerConfig) -> None:
             token_metrics, critic_metrics = {}, {}
             check_advantage_type(batch, config.advantage)
             rule = scoring_rule(batch, config.match_truncation)
+            targets = None
             if config.advantage.token_level:
-                batch, old_values, returns, token_metrics = token_level_advantages(session, batch, config.advantage,
-                                                                                   ref_model, rule)
+                batch, targets, token_metrics = token_level_advantages(session, batch, config.advantage, ref_model,
+                                                                       rule)
             elif config.advantage.group_kl:
                 batch, token_metrics = group_kl_batch(session, batch, config.advantage, ref_model, rule)
             for _ in range(config.update_epochs):
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
-                                                     config.match_truncation)
+                                                     config.match_truncation, targets)
                 grad_norm = session.optimizer_step(step, total_loss)
-                if session.critic is not None:
-                    critic_metrics = session.critic.train_epoch(batch.micro_batches, old_values, returns,
+                if isinstance(session.critic, ValueHead):  # its value loss was in the joint backward
+                    critic_metrics = {"value/grad_norm": session.critic.step(step, total_loss)}
+                elif session.critic is not None:
+                    critic_metrics = session.critic.train_epoch(batch.micro_batches, targets,
                                                                 session.dist.world_size, step)
             metrics |= token_metrics | critic_metrics
             session.scheduler.step()

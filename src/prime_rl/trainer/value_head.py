@@ -1,0 +1,77 @@
+"""The value-head critic of the `gae` advantage type (`critic.type = "value_head"`): V on the policy itself.
+
+A linear head on the policy's final hidden state h (the input of its output embedding, lm_head):
+
+    V_t = w . h_{t-1} + b        (0 at every segment's first token; `model.from_previous_position`)
+
+w [1, H] and b are float32, drawn from the seed as the separate critic's new head is (w ~ N(0,
+initializer_range^2), b = 0; the same on every rank and run). The head is not part of the policy model,
+so the weights sent to the inference servers never hold it; it is checkpointed beside the policy as the
+separate critic is ("critic", "critic_optim").
+
+Training is joint (shared-backbone PPO): per micro-batch one backward of
+
+    L = L_policy + c_V * L_V          (c_V = `critic.value_coef`; L_V: `critic.value_loss`, the same clipped
+                                       value loss as the separate critic's, 1/N over the step's trained tokens)
+
+with h taken from the same forward that scores the policy's tokens (`model.forward_rows`, `hidden=True`).
+So the trunk's gradient is grad L_policy + c_V grad L_V (the policy's AdamW steps it), and the head's is
+c_V grad_w L_V, which `step` divides by c_V: the head's own AdamW (`critic.optim`: lr, max_norm) and
+`value/grad_norm` see grad_w L_V, as the separate critic's do. With LoRA the value gradient reaches the
+adapters (and the modules_to_save) through h.
+
+The head is replicated, not sharded: every rank holds all of it, `step` sums its gradient over the ranks
+(every rank's backward multiplied its loss share by the world size, as FSDP averages) and every rank takes
+the same AdamW step. V_old, the values the advantages are computed with, is a no-grad forward of the policy
+and the head before the update epochs (`values`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from prime_rl.trainer.config import CriticConfig
+from prime_rl.trainer.model import forward_rows, from_previous_position, on_model_device
+from prime_rl.trainer.optim import build_optimizer, checked_step
+from prime_rl.utils.batch_format import MicroBatch
+
+
+class ValueHead:
+    """The head (`model`, an `nn.Linear(hidden_size, 1)`), its AdamW (`optimizer`) and the policy it reads."""
+
+    def __init__(self, config: CriticConfig, policy: nn.Module, device: torch.device, seed: int):
+        self.config = config
+        self.coef = config.value_loss_coef
+        self.policy = policy
+        with torch.random.fork_rng(devices=[]):  # the same head on every rank and run
+            torch.manual_seed(seed)
+            self.model = nn.Linear(policy.config.hidden_size, 1, dtype=torch.float32)
+            nn.init.normal_(self.model.weight, std=getattr(policy.config, "initializer_range", 0.02))
+            nn.init.zeros_(self.model.bias)
+        self.model.to(device)
+        self.optimizer = build_optimizer(self.model, config.optim)
+
+    def values_of(self, hidden: torch.Tensor, sample_lens: torch.Tensor) -> torch.Tensor:
+        """V [T] float32 of a packed row from its final hidden states [T, H] (module docstring)."""
+        return from_previous_position(self.model(hidden.float())[:, 0], sample_lens)
+
+    def values(self, mb: MicroBatch) -> torch.Tensor:
+        """V [T] of a packed row: a forward of the policy and the head (call under `torch.no_grad()` for V_old)."""
+        rows = on_model_device(self.policy, [(mb.input_ids, mb.position_ids, mb.sample_lens)])
+        _, (hidden,) = forward_rows(self.policy, rows, hidden=True)
+        return self.values_of(hidden, mb.sample_lens)
+
+    def step(self, step: int, loss_value: float) -> float:
+        """Collective, after the update epoch's joint backward: sum the head's gradient over ranks, divide it by
+        world size * c_V (giving grad_w L_V of the step), clip, AdamW; returns the norm before clipping.
+        `loss_value`: the epoch's (all-reduced) joint loss, for the finite check."""
+        scale = dist.get_world_size() * self.coef
+        for param in self.model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad)
+            param.grad.div_(scale)
+        return checked_step(self.model, self.optimizer, self.config.optim.max_norm, loss_value,
+                            f"value head step {step}")
