@@ -86,7 +86,6 @@ class Orchestrator:
         self.config = config
         self.client = client
         self.teacher = teacher
-        self.state = state
         rng = rng_from_json(state.rng_state) if state.rng_state is not None else None
         self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
         continuous = config.rollout_mode == "continuous"
@@ -229,7 +228,6 @@ class Orchestrator:
 
     def checkpoint(self, state: OrchestratorState) -> None:
         """Save `state` (a `Generated.state`: where a resumed run starts drawing)."""
-        self.state = state
         # Retention counts complete (trainer + orchestrator) steps: the parts this process writes ahead
         # of the trainer are kept until their partner arrives (run_dir.prune_checkpoints).
         save_state(self.config.output_dir, state, self.config.ckpt.keep)
