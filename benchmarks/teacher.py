@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support
 
+from tests.support.inference_server import start_server, stop_server  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from inference_server import start_server, stop_server  # noqa: E402
 from prime_rl.orchestrator.batch import Sample  # noqa: E402
 from prime_rl.orchestrator.config import ClientConfig, TeacherConfig  # noqa: E402
 from prime_rl.orchestrator.teacher import Teacher  # noqa: E402

@@ -7,7 +7,7 @@
 
 Each preset writes a randomly initialised Qwen3-architecture model (char tokenizer; the
 vocabulary is padded to the preset's size so the LM head costs what it would in a real
-model) and synthetic rollout batches (`tests/synthetic_batches.py`) into a temporary
+model) and synthetic rollout batches (`tests/support/synthetic_batches.py`) into a temporary
 run directory, runs the real trainer in-process for `--steps` steps, and reports the
 median over the steps after the first (warm-up) of `perf/step_time_s`,
 `perf/tokens_per_s` and `perf/mfu` as the trainer itself logged them. Tokens are all
@@ -37,8 +37,8 @@ from prime_rl.trainer.perf import num_parameters
 from prime_rl.trainer.rl.train import train
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test suite's batch generator
-from synthetic_batches import random_step, write_random_step  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support  # the test suite's batch generator
+from tests.support.synthetic_batches import random_step, write_random_step  # noqa: E402
 
 
 @dataclass(frozen=True)

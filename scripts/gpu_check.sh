@@ -7,7 +7,7 @@
 # What runs (each its own log; a summary at the end; exit 1 if any failed):
 #   gpu-tests     pytest -m gpu: the trainer in bf16 under FSDP2 (NCCL), the builtin engine on CUDA,
 #                 flash-attention's packed layout against sdpa, the weight transfer over NCCL (2 GPUs)
-#                 (tests/integration/test_gpu.py)
+#                 (tests/test_gpu.py)
 #   vllm-tests    pytest -k vllm: the vLLM backend's logprobs against the trainer's, adapters, the teacher
 #                 (only where vllm is installed; SKIP otherwise)
 #   trainer-0.5b  benchmarks/trainer.py --preset 0.5b: tokens/s and MFU of the trainer step (a ~0.6B Qwen3)
@@ -41,9 +41,9 @@ check() {  # check NAME COMMAND...: run it, log it, time it
     summary+=("$status  $name  $(( $(date +%s) - start )) s  ($logs/$name.log)")
 }
 
-check gpu-tests "${python[@]}" -m pytest -m gpu -q
+check gpu-tests "${python[@]}" -m pytest -n 0 -m gpu -q  # -n 0: one process on the GPU at a time
 if "${python[@]}" -c "import vllm" 2>/dev/null; then
-    check vllm-tests "${python[@]}" -m pytest -q -k vllm tests
+    check vllm-tests "${python[@]}" -m pytest -n 0 -q -k vllm tests
 else
     summary+=("SKIP  vllm-tests  (vllm is not installed)")
 fi

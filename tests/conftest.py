@@ -1,4 +1,4 @@
-"""Fixtures shared by unit and integration tests."""
+"""Fixtures and settings every test shares (helpers live in `tests/support/`)."""
 
 from __future__ import annotations
 

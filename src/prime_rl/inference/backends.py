@@ -10,6 +10,10 @@ register every backend twice.)
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import uvicorn
 
 from prime_rl.inference.config import (
     BACKENDS,
@@ -24,6 +28,9 @@ from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
 from prime_rl.utils.net import listening_socket
 
+if TYPE_CHECKING:  # the engine imports torch and transformers: only a builtin server loads them
+    from prime_rl.inference.builtin.engine import Engine
+
 
 def resolve_backend(config: InferenceConfig) -> str:
     return resolved_backend(config.backend)
@@ -37,10 +44,28 @@ def bind(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-@BACKENDS.implements(BuiltinConfig)
-def serve_builtin(config: InferenceConfig) -> None:
-    import uvicorn
+@dataclass
+class BuiltinServer:
+    """A builtin server ready to serve: the HTTP server, its bound socket and the engine behind it."""
 
+    http: uvicorn.Server
+    sock: socket.socket
+    engine: Engine
+
+    def serve(self) -> None:
+        """Serve until `stop()` (or a signal, in the main thread); the engine closes after."""
+        try:
+            self.http.run(sockets=[self.sock])
+        finally:
+            self.engine.close()
+
+    def stop(self) -> None:
+        self.http.should_exit = True
+
+
+def builtin_server(config: InferenceConfig) -> BuiltinServer:
+    """Bind, load the model and build the app of a builtin server (`serve_builtin` serves it; the test suite
+    serves it in a thread)."""
     from prime_rl.inference.builtin.app import create_app
     from prime_rl.inference.builtin.engine import Engine
     from prime_rl.inference.gate import WeightGate
@@ -69,12 +94,14 @@ def serve_builtin(config: InferenceConfig) -> None:
              f"serving on http://{host}:{port}")
     log.info(f"API key {'required' if policy.api_key else 'not set'}; weight updates from: "
              f"{', '.join(map(str, policy.weight_roots)) or 'nowhere'}")
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
-                                           timeout_keep_alive=KEEP_ALIVE_S))
-    try:
-        server.run(sockets=[sock])
-    finally:
-        engine.close()
+    http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                         timeout_keep_alive=KEEP_ALIVE_S))
+    return BuiltinServer(http, sock, engine)
+
+
+@BACKENDS.implements(BuiltinConfig)
+def serve_builtin(config: InferenceConfig) -> None:
+    builtin_server(config).serve()
 
 
 BACKENDS.implements(VLLMConfig)(exec_vllm)

@@ -1,6 +1,6 @@
 """Generate docs/configs.md from the config models: `uv run python -m prime_rl.launch.config_docs`.
 
-tests/unit/test_config_docs.py fails when the file is out of date.
+tests/launch/test_config_docs.py fails when the file is out of date.
 """
 
 from __future__ import annotations

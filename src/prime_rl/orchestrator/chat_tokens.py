@@ -14,7 +14,7 @@ Llama 3's `<|eot_id|>`) whose text opens the tail, that text is dropped from the
 policy already produced it. Only the tail is tokenized, alone, so the ids of everything
 before it are exactly what the server sampled, whatever a re-tokenization of the whole
 text would give (a tokenizer may merge characters across the boundary differently:
-tests/unit/test_chat_tokens.py builds such a case).
+tests/orchestrator/test_chat_tokens.py builds such a case).
 """
 
 from __future__ import annotations

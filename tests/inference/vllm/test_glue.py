@@ -1,0 +1,700 @@
+"""prime-rl's glue around vLLM, tested without vLLM: server arguments, middleware, worker extension."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+
+import httpx
+import pytest
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from safetensors.torch import save_file
+
+from prime_rl.inference.config import InferenceConfig
+from prime_rl.inference.policy import KEY_ENV, POLICY_ENV, Policy
+from prime_rl.inference.vllm import launch
+from prime_rl.inference.vllm.launch import vllm_args
+from prime_rl.inference.vllm.middleware import (
+    CONTEXT_ENV,
+    TIMEOUT_ENV,
+    TRANSFER_ENV,
+    PrimeRLMiddleware,
+    completion_limit,
+)
+from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
+from prime_rl.utils import embedded_models
+from prime_rl.utils.errors import UserError
+
+
+def test_vllm_args_pass_engine_options_and_prime_rl_hooks(tmp_path):
+    model = str(tmp_path)  # a local model directory must exist
+    config = InferenceConfig.build(overrides={
+        "model": {"name": model}, "port": 9001, "seq_len": 1024,
+        "vllm": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "enforce_eager": True,
+                 "extra_args": ["--max-num-seqs", "8"]},
+    })
+    args = vllm_args(config)
+    pairs = dict(zip(args[2::2], args[3::2], strict=False))  # after "-m vllm.entrypoints.openai.api_server"
+    assert args[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert pairs["--model"] == model and pairs["--port"] == "9001" and pairs["--host"] == "127.0.0.1"
+    assert pairs["--max-model-len"] == "1024" and pairs["--tensor-parallel-size"] == "2"
+    assert pairs["--gpu-memory-utilization"] == "0.5" and pairs["--logprobs-mode"] == "processed_logprobs"
+    assert pairs["--worker-extension-cls"] == "prime_rl.inference.vllm.worker.WeightDirWorkerExtension"
+    assert pairs["--middleware"] == "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"
+    assert "--enforce-eager" in args and args[-2:] == ["--max-num-seqs", "8"]
+    assert pairs["--served-model-name"] == model
+
+
+def test_vllm_parses_tool_calls_only_with_a_tool_call_parser(tmp_path):
+    def args(**vllm):
+        return vllm_args(InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "port": 9001,
+                                                          "vllm": vllm}))
+
+    assert "--enable-auto-tool-choice" not in args() and "--tool-call-parser" not in args()
+    with_parser = args(tool_call_parser="hermes")
+    at = with_parser.index("--enable-auto-tool-choice")
+    assert with_parser[at + 1:at + 3] == ["--tool-call-parser", "hermes"]
+
+
+def test_vllm_loads_an_embedded_model_from_its_path_and_serves_it_by_name(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setitem(embedded_models.EMBEDDED_MODELS, "tiny-test", tmp_path)
+    args = vllm_args(InferenceConfig.build(overrides={"model": {"name": "tiny-test"}}))
+    pairs = dict(zip(args[2::2], args[3::2], strict=False))
+    assert pairs["--model"] == str(tmp_path) and pairs["--served-model-name"] == "tiny-test"
+
+
+class FakeEngineClient:
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append((method, args))
+        if self.fail:
+            raise RuntimeError("shape mismatch")
+
+    async def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache", ()))
+
+
+def prompt_tokens(prompt: str | list[str]) -> int:
+    """One token per character; a list of prompts counts them all, as vLLM's `usage` does."""
+    return len(prompt) if isinstance(prompt, str) else sum(map(len, prompt))
+
+
+def fake_vllm_app(engine_client) -> tuple[FastAPI, asyncio.Event]:
+    """A stand-in for vLLM's app: a completion route that can be held open, and a streaming route."""
+    app = FastAPI()
+    app.state.engine_client = engine_client
+    release = asyncio.Event()
+    release.set()
+
+    @app.post("/v1/completions")
+    async def complete(request: Request):
+        body = await request.json()  # the middleware read it first: the app must still get it whole
+        await release.wait()
+        return {"choices": [{"index": 0, "text": "x", "token_ids": [1], "prompt_token_ids": [2]}],
+                "usage": {"prompt_tokens": prompt_tokens(body.get("prompt", "")), "completion_tokens": 1}}
+
+    @app.post("/v1/chat/completions")
+    async def stream():
+        return StreamingResponse(iter([b"data: {}\n\n"]), media_type="text/event-stream")
+
+    app.add_middleware(PrimeRLMiddleware)
+    return app, release
+
+
+def weight_dir(tmp_path, step, tensors=None, config=None):
+    """A checkpoint directory; the default one matches `served_model`'s."""
+    path = tmp_path / f"step_{step}"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config or {"model_type": "tiny", "hidden_size": 1}))
+    save_file(tensors or {"w": torch.zeros(1)}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture
+def served_model(tmp_path, monkeypatch):
+    """The policy the launcher hands to the middleware: updates from tmp_path, compared with tmp_path/step_0."""
+    model = weight_dir(tmp_path, 0)
+    policy = Policy(weight_roots=(tmp_path.resolve(),), model_dir=str(model))
+    for name, value in policy.to_env().items():
+        monkeypatch.setenv(name, value)
+    return model
+
+
+def test_middleware_stamps_steps_and_updates_between_requests(tmp_path, served_model):
+    engine = FakeEngineClient()
+    app, release = fake_vllm_app(engine)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
+            first = await client.post("/v1/completions", json={})
+            release.clear()
+            in_flight = asyncio.create_task(client.post("/v1/completions", json={}))
+            await asyncio.sleep(0.05)
+            update = asyncio.create_task(client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 3))}))
+            await asyncio.sleep(0.05)
+            assert engine.calls == []  # the update waits for the in-flight request
+            release.set()
+            old, updated = await in_flight, await update
+            new = await client.post("/v1/completions", json={})
+            streamed = await client.post("/v1/chat/completions", json={})
+            reset = await client.post("/reset", json={})
+            in_flight_update = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 4)),
+                                                                           "in_flight": True})
+            return first, old, updated, new, streamed, reset, in_flight_update
+
+    first, old, updated, new, streamed, reset, in_flight_update = asyncio.run(scenario())
+    assert new.json()["choices"][0]["token_weight_steps"] == [3]  # one per token, all the admitted step
+    assert in_flight_update.status_code == 400
+    assert in_flight_update.json()["error"]["message"] == "in-flight weight updates need the builtin backend"
+    assert first.json()["weight_step"] == 0 and old.json()["weight_step"] == 0
+    assert updated.status_code == 200 and updated.json() == {"weight_step": 3}
+    assert new.json()["weight_step"] == 3 and new.json()["choices"][0]["token_ids"] == [1]
+    assert new.json()["prompt_token_ids"] == [2]  # lifted from the choice to the top level
+    assert int(new.headers["content-length"]) == len(new.content)
+    assert streamed.text == "data: {}\n\n"
+    assert reset.status_code == 200
+    assert engine.calls == [
+        ("load_weights_from_dir", (str(tmp_path / "step_3"),)), ("reset_prefix_cache", ()), ("reset_prefix_cache", ())
+    ]
+
+
+@pytest.mark.parametrize(
+    ("make", "status", "message"),
+    [
+        (lambda p: {"path": str(p / "step_9")}, 400, "does not exist"),
+        (lambda p: {"path": "/nowhere/step_1"}, 403, "outside the allowed weight directories"),
+        (lambda p: {"path": f"{p}/step_5/../../step_5"}, 403, "outside the allowed weight directories"),
+        (lambda p: {"nope": 1}, 400, "invalid request"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"v": torch.zeros(1)}))}, 400, "tensors missing"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.zeros(2)}))}, 400, "has shape [2]"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.zeros(1, dtype=torch.int64)}))}, 400, "dtype"),
+        (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.full((1,), float("nan"))}))}, 400, "NaN"),
+        (lambda p: {"path": str(weight_dir(p, 5, config={"model_type": "other"}))}, 400, "another architecture"),
+        (None, 400, "cannot load weights"),
+    ],
+)
+def test_middleware_rejects_bad_updates_and_keeps_the_step(tmp_path, served_model, make, status, message):
+    engine = FakeEngineClient(fail=make is None)
+    app, _ = fake_vllm_app(engine)
+    body = make(tmp_path) if make else {"path": str(weight_dir(tmp_path, 5))}
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            bad = await client.post("/update_weights", content=json.dumps(body),
+                                    headers={"content-type": "application/json"})
+            after = await client.post("/v1/completions", json={})
+            return bad, after
+
+    bad, after = asyncio.run(scenario())
+    assert bad.status_code == status and message in bad.json()["error"]["message"], bad.text
+    assert after.json()["weight_step"] == 0
+    assert engine.calls == ([("load_weights_from_dir", (str(tmp_path / "step_5"),))] if make is None else [])
+
+
+def test_completion_limit_reads_max_tokens_and_counts_prompts():
+    assert completion_limit({"prompt": "abc", "max_tokens": 5}) == (5, True)
+    assert completion_limit({"messages": [], "max_completion_tokens": 7}) == (7, True)
+    assert completion_limit({"prompt": [1, 2, 3]}) == (None, True)
+    assert completion_limit({"prompt": ["a", "b"], "max_tokens": 5}) == (5, False)  # two prompts
+    assert completion_limit([1]) == (None, False)
+    assert completion_limit({"prompt": "a", "max_tokens": True}) == (None, True)
+
+
+def test_middleware_refuses_prompt_plus_max_tokens_beyond_the_context(monkeypatch):
+    """vLLM would clamp max_tokens to the room left; both backends answer 400 instead."""
+    monkeypatch.setenv(CONTEXT_ENV, "16")
+    app, _ = fake_vllm_app(FakeEngineClient())
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            bodies = [{"prompt": "abc", "max_tokens": 13}, {"prompt": "abc", "max_tokens": 14},
+                      {"prompt": "abc", "max_tokens": 16}, {"prompt": ["abcdefgh", "a"], "max_tokens": 10}]
+            return [await client.post("/v1/completions", json=body) for body in bodies]
+
+    fits, overflows, fills, batch = asyncio.run(scenario())
+    assert fits.status_code == 200 and fits.json()["weight_step"] == 0
+    assert overflows.status_code == 400
+    assert overflows.json()["error"]["message"] == "prompt (3 tokens) + max_tokens (14) exceeds the context length 16"
+    assert int(overflows.headers["content-length"]) == len(overflows.content)
+    assert fills.status_code == 400 and "leaves no room for a prompt" in fills.json()["error"]["message"]
+    assert batch.status_code == 200  # several prompts (9 tokens in all): usage sums them, so it is not checked
+
+
+def test_worker_extension_reloads_every_tensor_of_the_directory(tmp_path):
+    path = tmp_path / "step_2"
+    path.mkdir()
+    save_file({"a": torch.ones(2)}, str(path / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.zeros(3)}, str(path / "model-00002-of-00002.safetensors"))
+    seen = {}
+
+    embed = torch.nn.Embedding(3, 2)
+    head = types.SimpleNamespace(weight=torch.nn.Parameter(torch.zeros(3, 2)))  # untied by the reload
+    head.tie_weights = lambda e: setattr(head, "weight", e.weight)
+    model = types.SimpleNamespace(lm_head=head, model=types.SimpleNamespace(embed_tokens=embed),
+                                  config=types.SimpleNamespace(tie_word_embeddings=True))
+
+    class Worker(WeightDirWorkerExtension):  # vLLM >= 0.3x: Worker.reload_weights exists
+        model_runner = types.SimpleNamespace(get_model=lambda: model)
+
+        def reload_weights(self, weights_iterator, is_checkpoint_format):
+            assert is_checkpoint_format
+            seen.update(weights_iterator)
+
+    Worker().load_weights_from_dir(str(path))
+    assert set(seen) == {"a", "b"} and torch.equal(seen["a"], torch.ones(2))
+    assert head.weight is embed.weight  # the tied head follows the new embedding
+
+    loaded = {}
+    old_style = WeightDirWorkerExtension()  # older vLLM: the model's own load_weights
+    old_style.model_runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda weights: loaded.update(weights)))
+    old_style.load_weights_from_dir(str(path))
+    assert set(loaded) == {"a", "b"}
+
+
+def test_middleware_guards_every_route_with_the_launchers_policy(tmp_path, monkeypatch):
+    """The API key, the admin-endpoint checks and the body cap, as the builtin server has them."""
+    for name, value in Policy(api_key="k3y", max_request_bytes=1000, weight_roots=(tmp_path,)).to_env().items():
+        monkeypatch.setenv(name, value)
+    engine = FakeEngineClient()
+    app, _ = fake_vllm_app(engine)
+    auth = {"authorization": "Bearer k3y"}
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8000") as c:
+            return [
+                await c.post("/v1/completions", json={}),
+                await c.post("/update_weights", json={"path": str(tmp_path)}),
+                await c.post("/reset", json={}, headers={**auth, "host": "attacker.example"}),
+                await c.post("/reset", content=b"{}", headers={**auth, "content-type": "text/plain"}),
+                await c.post("/v1/completions", content=b"x" * 1001, headers=auth),
+                await c.post("/v1/completions", json={}, headers=auth),
+                await c.post("/reset", json={}, headers=auth),
+            ]
+
+    statuses = [r.status_code for r in asyncio.run(scenario())]
+    assert statuses == [401, 401, 403, 415, 413, 200, 200]
+    assert engine.calls == [("reset_prefix_cache", ())]  # only the last, authorised reset got through
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [(b'{"prompt": "a", "temperature": NaN}', "NaN"), (b'{"prompt": "\\ud800"}', "surrogate"),
+     (b"[" * 50_000 + b"]" * 50_000, "nested"), (b'{"prompt": "a", "max_tokens": 1e999}', "out of range")],
+)
+def test_middleware_refuses_what_is_not_strict_json_before_vllm_sees_it(raw, message):
+    reached = []
+
+    async def vllm(scope, receive, send):  # stands in for vLLM's app: records what gets through
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=PrimeRLMiddleware(vllm))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            bad = await client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+            good = await client.post("/v1/completions", json={"prompt": "a"})
+            return bad, good
+
+    bad, good = asyncio.run(scenario())
+    assert bad.status_code == 400 and message in bad.json()["error"]["message"]
+    assert good.status_code == 200 and reached == ["/v1/completions"]  # only the good one reached vLLM
+
+
+def test_launch_hands_the_policy_to_vllm_through_the_environment_never_argv(tmp_path, monkeypatch):
+    execs = []
+    monkeypatch.setattr(launch, "vllm_available", lambda: True)
+    monkeypatch.setattr(launch.os, "execv", lambda exe, argv: execs.append(argv))
+    monkeypatch.setattr(launch.os, "environ", {})
+    config = InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "weight_dirs": [str(tmp_path / "w")],
+                                              "api_key": "do-not-show", "max_request_bytes": 1234})
+    launch.exec_vllm(config)
+    assert "do-not-show" not in " ".join(execs[0])
+    env = launch.os.environ
+    assert env[KEY_ENV] == "do-not-show"
+    policy = Policy.from_env(env)
+    assert policy == Policy.from_config(config)
+    assert policy.weight_roots == ((tmp_path / "w").resolve(), tmp_path.resolve()) and policy.max_request_bytes == 1234
+    assert "do-not-show" not in env[POLICY_ENV]
+
+
+def test_vllm_serves_lora_only_with_a_max_lora_rank_rounded_up_to_one_vllm_accepts(tmp_path):
+    def args(**vllm):
+        return vllm_args(InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "vllm": vllm}))
+
+    assert "--enable-lora" not in args()
+    for rank, served in ((1, "1"), (8, "8"), (9, "16"), (300, "320"), (512, "512")):
+        lora = args(max_lora_rank=rank)
+        at = lora.index("--enable-lora")
+        assert lora[at + 1:at + 3] == ["--max-lora-rank", served], rank
+
+
+def test_rl_hands_the_trainers_lora_rank_to_vllm_unless_it_publishes_merged_weights():
+    from prime_rl.launch.rl_config import RLConfig
+
+    assert RLConfig.build([], {"trainer": {"lora": {"rank": 12}}}).inference.vllm.max_lora_rank == 12
+    assert RLConfig.build([], {"trainer": {"lora": {"rank": 12, "merge": True}}}).inference.vllm.max_lora_rank is None
+    assert RLConfig.build([], {}).inference.vllm.max_lora_rank is None
+    with pytest.raises(Exception, match="max_lora_rank = 4 is below trainer.lora.rank = 8"):
+        RLConfig.build([], {"trainer": {"lora": {"rank": 8}}, "inference": {"vllm": {"max_lora_rank": 4}}})
+
+
+def lora_dir(tmp_path, step, a_shape=(2, 3), saved=False):
+    """A peft adapter of rank 2 for the 4x3 weight `layer.weight` of `lora_served_model` (with `saved`, it
+    also saves `norm.weight` in full, as `lora.modules_to_save = ["norm"]` does)."""
+    from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+    path = tmp_path / f"step_{step}"
+    path.mkdir()
+    config = {"peft_type": "LORA", "r": 2, "lora_alpha": 4.0} | ({"modules_to_save": ["norm"]} if saved else {})
+    (path / ADAPTER_CONFIG).write_text(json.dumps(config))
+    tensors = {"base_model.model.layer.lora_A.weight": torch.zeros(a_shape),
+               "base_model.model.layer.lora_B.weight": torch.zeros(4, 2)}
+    save_file(tensors | ({"base_model.model.norm.weight": torch.ones(3)} if saved else {}),
+              str(path / ADAPTER_WEIGHTS))
+    return path
+
+
+def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_model(tmp_path, monkeypatch):
+    model = weight_dir(tmp_path, 0, tensors={"layer.weight": torch.zeros(4, 3), "norm.weight": torch.ones(3)})
+    for name, value in Policy(weight_roots=(tmp_path.resolve(),), model_dir=str(model)).to_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PRIME_INFERENCE_SERVED_NAME", "tiny")
+    engine = FakeEngineClient()
+    app = FastAPI()
+    app.state.engine_client = engine
+    lora_calls, asked = [], []
+
+    @app.post("/v1/load_lora_adapter")
+    async def load(request: Request):
+        lora_calls.append(("load", await request.json(), request.headers.get("authorization")))
+        return {"status": "ok"}
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload(request: Request):
+        lora_calls.append(("unload", await request.json(), request.headers.get("authorization")))
+        return {"status": "ok"}
+
+    @app.post("/v1/completions")
+    async def complete(request: Request):
+        body = await request.json()
+        asked.append(body.get("model"))
+        return {"model": body.get("model"), "choices": [{"index": 0, "text": "x", "token_ids": [1]}]}
+
+    app.add_middleware(PrimeRLMiddleware)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                     headers={"authorization": "Bearer k"}) as client:
+            answers = [await client.post("/v1/completions", json={"model": "tiny"})]
+            for path in (lora_dir(tmp_path, 1), lora_dir(tmp_path, 2), model):
+                assert (await client.post("/update_weights", json={"path": str(path), "step": 3
+                                                                   if path == model else None})).status_code == 200
+                answers.append(await client.post("/v1/completions", json={"model": "tiny"}))
+            bad = await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 4, a_shape=(2, 5)))})
+            saved = await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 5, saved=True))})
+            return answers, bad, saved
+
+    answers, bad, saved = asyncio.run(scenario())
+    assert asked == ["tiny", "prime-rl-step-1", "prime-rl-step-2", "tiny"]
+    assert [a.json()["model"] for a in answers] == ["tiny"] * 4  # the client sees the name it asked for
+    assert [a.json()["weight_step"] for a in answers] == [0, 1, 2, 3]
+    assert lora_calls == [
+        ("load", {"lora_name": "prime-rl-step-1", "lora_path": str(tmp_path / "step_1")}, "Bearer k"),
+        ("load", {"lora_name": "prime-rl-step-2", "lora_path": str(tmp_path / "step_2")}, "Bearer k"),
+        ("unload", {"lora_name": "prime-rl-step-1"}, "Bearer k"),
+        ("unload", {"lora_name": "prime-rl-step-2"}, "Bearer k"),  # full weights end the alias
+    ]
+    assert ("load_weights_from_dir", (str(model),)) in engine.calls
+    assert bad.status_code == 400 and "expected [2, 3]" in bad.json()["error"]["message"]
+    # vLLM's LoRA adapters carry no fully trained modules: refused before vLLM sees it (rl asks for merge = true).
+    assert saved.status_code == 400 and "trainer.lora.merge = true" in saved.json()["error"]["message"]
+    assert len(lora_calls) == 4
+
+
+def test_rl_refuses_saved_modules_in_adapters_for_vllm():
+    from prime_rl.launch.rl_config import RLConfig
+
+    lora = {"rank": 8, "modules_to_save": ["norm"]}
+    with pytest.raises(Exception, match="modules_to_save needs trainer.lora.merge = true on vLLM"):
+        RLConfig.build([], {"trainer": {"lora": lora}, "inference": {"backend": "vllm"}})
+    RLConfig.build([], {"trainer": {"lora": lora | {"merge": True}}, "inference": {"backend": "vllm"}})
+    RLConfig.build([], {"trainer": {"lora": lora}, "inference": {"backend": "builtin"}})
+
+
+# ---------------------------------------------------------------- weights over torch.distributed (vLLM workers)
+
+
+class TransferWorker(WeightDirWorkerExtension):
+    """A stand-in vLLM worker of tensor-parallel rank `rank`: records what `reload_weights` loads."""
+
+    def __init__(self, rank: int):
+        self.rank, self.device, self.loaded = rank, torch.device("cpu"), []
+        self.model_runner = types.SimpleNamespace(get_model=lambda: types.SimpleNamespace())
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format):
+        self.loaded.append(dict(weights_iterator))
+
+
+class WorkersEngineClient:
+    """vLLM's `collective_rpc` over stand-in workers: the method on each (in threads, as in vLLM's worker
+    processes), the results in rank order."""
+
+    def __init__(self, workers):
+        self.workers, self.calls = workers, []
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(method)
+        return list(await asyncio.gather(*(asyncio.to_thread(getattr(w, method), *args) for w in self.workers)))
+
+    async def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+
+def transfer_setting(monkeypatch, ranks_per_server: int, timeout_s: float = 30) -> str:
+    """The launcher's TRANSFER_ENV for server 0 of one, with a fresh group address; returns the address."""
+    from prime_rl.configs.shared import WeightTransferConfig
+    from prime_rl.utils.net import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    config = WeightTransferConfig(mode="distributed", address=address, servers=1, ranks_per_server=ranks_per_server,
+                                  rank=1, timeout_s=timeout_s)
+    monkeypatch.setenv(TRANSFER_ENV, config.model_dump_json())
+    return address
+
+
+async def lifespan_startup(app) -> dict:
+    """What uvicorn does at start: the app's answer to "lifespan.startup" (on "failed" uvicorn exits, and vLLM's
+    server with it)."""
+    incoming, sent = asyncio.Queue(), asyncio.Queue()
+    await incoming.put({"type": "lifespan.startup"})
+    asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, incoming.get, sent.put))
+    return await asyncio.wait_for(sent.get(), 30)
+
+
+def started_client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
+
+
+def marker_dir(tmp_path, step):
+    from prime_rl.utils.weight_transfer import write_marker
+
+    path = tmp_path / f"step_{step}"
+    path.mkdir()
+    write_marker(path, step)
+    return path
+
+
+def test_vllm_workers_receive_the_transfer_and_serve_it_bit_for_bit(tmp_path, served_model, monkeypatch):
+    """Two tensor-parallel workers join the trainer's group at startup (ranks 1 and 2 of 3); a marker update sets
+    aside the newest received step on each and loads it on both; a bad update is dropped, the step stays."""
+    from prime_rl.utils.weight_transfer import open_group, send
+
+    address = transfer_setting(monkeypatch, ranks_per_server=2)
+    monkeypatch.setenv(TIMEOUT_ENV, "2")
+    workers = [TransferWorker(0), TransferWorker(1)]
+    engine = WorkersEngineClient(workers)
+    app, _ = fake_vllm_app(engine)
+    sent = {1: {"w": torch.tensor([1.5])}, 2: {"w": torch.tensor([-0.0])}, 3: {"w": torch.zeros(2)}}  # 3: bad shape
+    trainer = {}
+
+    def trainer_side():
+        group = open_group(address, 0, 3, 30, torch.device("cpu"))
+        for step in (1, 2):
+            send(group, step, sent[step], torch.device("cpu"))
+        trainer["group"] = group
+
+    async def scenario():
+        assert (await lifespan_startup(app))["type"] == "lifespan.startup.complete"  # the workers join
+        assert engine.calls == ["start_weight_transfer"]
+        await asyncio.to_thread(trainer_side)
+        for worker in workers:  # both have staged step 2 (received in their own threads)
+            await asyncio.to_thread(worker.prime_transfer.take, 2, 30)
+        async with started_client(app) as client:
+            first = await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+            served = await client.post("/v1/completions", json={})
+            # The workers refuse step 3 (a wrong shape): there is no step 3 to serve.
+            await asyncio.to_thread(send, trainer["group"], 3, sent[3], torch.device("cpu"))
+            late = await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 3))})
+            after = await client.post("/v1/completions", json={})
+        return first, served, late, after
+
+    first, served, late, after = asyncio.run(scenario())
+    # Step 2 arrived before the update asked for >= 1: the newest is served, as with the builtin server.
+    assert first.status_code == 200 and first.json() == {"weight_step": 2}, first.text
+    assert served.json()["weight_step"] == 2
+    for worker in workers:
+        assert len(worker.loaded) == 1 and torch.equal(worker.loaded[0]["w"].view(torch.uint8),
+                                                        sent[2]["w"].view(torch.uint8))  # -0.0 bit for bit
+    assert late.status_code == 400 and "no weights of step >= 3 came over the transfer group" in \
+        late.json()["error"]["message"] and "\n" not in late.json()["error"]["message"]
+    assert after.json()["weight_step"] == 2 and all(len(w.loaded) == 1 for w in workers)
+
+
+def test_vllm_workers_that_disagree_are_asked_again_for_the_newest(tmp_path, served_model, monkeypatch):
+    transfer_setting(monkeypatch, ranks_per_server=2)
+    answers = {"transferred_step": [[0, 1], [2, 1], [2, 2]],  # worker 0 has nothing yet; then 1 lags behind 0
+               "pin_transferred_weights": [[2, 1], [2, 2]]}  # ... and had not received step 2 when first asked
+
+    class Scripted(FakeEngineClient):
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            self.calls.append((method, args))
+            values = answers[method].pop(0) if method in answers else [None, None]
+            return [["ok", value] for value in values]
+
+    engine = Scripted()
+    app, _ = fake_vllm_app(engine)
+
+    async def scenario():
+        assert (await lifespan_startup(app))["type"] == "lifespan.startup.complete"
+        async with started_client(app) as client:
+            return await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+
+    update = asyncio.run(scenario())
+    assert update.json() == {"weight_step": 2}
+    assert [call for call in engine.calls if call[0] != "start_weight_transfer"] == [
+        ("transferred_step", ()), ("transferred_step", ()), ("pin_transferred_weights", (1,)),
+        ("transferred_step", ()), ("pin_transferred_weights", (2,)), ("load_pinned_weights", (2,)),
+        ("reset_prefix_cache", ())]
+
+
+def test_a_failing_worker_among_several_is_a_one_line_400_and_the_step_stays(tmp_path, served_model, monkeypatch):
+    """vLLM stops reading answers at the first worker that raises (the next call would read stale ones): the
+    transfer methods answer their errors instead, and the middleware turns the first into one line."""
+    transfer_setting(monkeypatch, ranks_per_server=2)
+
+    class OneFails(FakeEngineClient):
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            self.calls.append((method, args))
+            if method == "transferred_step":
+                return [["ok", 1], ["ok", 1]]
+            if method == "pin_transferred_weights":
+                return [["ok", 1], ["error", "RuntimeError: out of host memory\ntraceback"]]
+            return [["ok", None], ["ok", None]]
+
+    engine = OneFails()
+    app, _ = fake_vllm_app(engine)
+
+    async def scenario():
+        await lifespan_startup(app)
+        async with started_client(app) as client:
+            bad = await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+            return bad, await client.post("/v1/completions", json={})
+
+    bad, after = asyncio.run(scenario())
+    message = bad.json()["error"]["message"]
+    assert bad.status_code == 400 and message == ("no weights of step >= 1 came over the transfer group: vLLM worker "
+                                                  "1: RuntimeError: out of host memory")
+    assert after.json()["weight_step"] == 0 and ("load_pinned_weights", (1,)) not in engine.calls
+    from prime_rl.inference.vllm.worker import transfer_result
+
+    with pytest.raises(RuntimeError, match="vLLM worker 0 answered None, not a prime-rl transfer answer"):
+        transfer_result([None])
+
+
+def test_two_marker_updates_at_once_load_one_after_the_other(tmp_path, served_model, monkeypatch):
+    from prime_rl.utils.weight_transfer import open_group, send
+
+    address = transfer_setting(monkeypatch, ranks_per_server=1)
+    worker = TransferWorker(0)
+    app, _ = fake_vllm_app(WorkersEngineClient([worker]))
+
+    async def scenario():
+        await lifespan_startup(app)
+        group = await asyncio.to_thread(open_group, address, 0, 2, 30, torch.device("cpu"))
+        for step in (1, 2):
+            await asyncio.to_thread(send, group, step, {"w": torch.full((1,), float(step))}, torch.device("cpu"))
+        await asyncio.to_thread(worker.prime_transfer.take, 2, 30)
+        async with started_client(app) as client:
+            first, second = await asyncio.gather(*(
+                client.post("/update_weights", json={"path": str(marker_dir(tmp_path, step))}) for step in (1, 2)))
+            return first, second, await client.post("/v1/completions", json={})
+
+    first, second, after = asyncio.run(scenario())
+    assert first.json() == second.json() == {"weight_step": 2} and after.json()["weight_step"] == 2
+    assert len(worker.loaded) == 1 and worker.loaded[0]["w"].tolist() == [2.0]  # loaded once, then a no-op
+    assert worker.prime_transfer.staged == (2, None)  # the host copy is dropped once loaded
+
+
+def test_a_marker_without_a_transfer_group_and_a_worker_without_a_rank_are_refused(tmp_path, served_model,
+                                                                                  monkeypatch):
+    app, _ = fake_vllm_app(FakeEngineClient())  # no TRANSFER_ENV: filesystem updates only
+
+    async def scenario():
+        await lifespan_startup(app)
+        async with started_client(app) as client:
+            return await client.post("/update_weights", json={"path": str(marker_dir(tmp_path, 1))})
+
+    refused = asyncio.run(scenario())
+    assert refused.status_code == 400 and "in no weight transfer group" in refused.json()["error"]["message"]
+
+    transfer_setting(monkeypatch, ranks_per_server=2, timeout_s=1)  # but vLLM runs a third worker (rank 2)
+    app, _ = fake_vllm_app(WorkersEngineClient([TransferWorker(2)]))
+    failed = asyncio.run(lifespan_startup(app))
+    assert failed["type"] == "lifespan.startup.failed"
+    assert failed["message"] == ("weight transfer: RuntimeError: vLLM worker 0: ValueError: vLLM worker 2 has no "
+                                 "rank in the weight transfer group (weight_transfer.ranks_per_server = 2)")
+    assert TransferWorker(0).pin_transferred_weights(1) == [
+        "error", "RuntimeError: this vLLM worker is in no weight transfer group"]
+    assert TransferWorker(0).load_pinned_weights(4) == [
+        "error", "RuntimeError: no transferred weights of step 4 are set aside on this worker (none are)"]
+    stopped = TransferWorker(0)  # its receiver stopped (the trainer went away) after step 3 was loaded
+    stopped.prime_transfer = types.SimpleNamespace(newest=lambda: (3, "DistNetworkError: connection reset"))
+    stopped.prime_loaded = 3
+    assert stopped.transferred_step() == ["error", "RuntimeError: the weight transfer stopped (DistNetworkError: "
+                                                   "connection reset)"]
+
+
+def test_vllm_workers_stage_in_the_served_dtype_and_refuse_what_overflows_it():
+    from prime_rl.inference.vllm.worker import TransferStage
+
+    stage = TransferStage(torch.device("cpu"), None, torch.float16)
+    staged = stage.stage_tensors({"w": torch.ones(2), "ids": torch.arange(2)}, "weight transfer of step 1")
+    assert staged["w"].dtype == torch.float16 and staged["ids"].dtype == torch.int64  # one host copy, served dtype
+    with pytest.raises(UserError, match="weight transfer of step 2: tensor w holds NaN or infinite values"):
+        stage.stage_tensors({"w": torch.full((2,), 1e5)}, "weight transfer of step 2")  # > float16's 65504
+
+
+def test_vllm_launch_sets_the_transfer_for_its_workers_or_refuses_in_one_line(tmp_path, monkeypatch):
+    from prime_rl.configs.shared import WeightTransferConfig
+    from prime_rl.launch.rl_config import RLConfig
+
+    def config(tp=1, dp=1, per_server=1):
+        transfer = WeightTransferConfig(mode="distributed", address="127.0.0.1:1234", ranks_per_server=per_server,
+                                        rank=1)
+        return InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "weight_transfer": transfer.model_dump(),
+                                                "vllm": {"tensor_parallel_size": tp, "data_parallel_size": dp}})
+
+    assert launch.transfer_env(InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}})) == {}
+    env = launch.transfer_env(config(tp=2, per_server=2))
+    assert WeightTransferConfig.model_validate_json(env[TRANSFER_ENV]).world_size == 3
+    with pytest.raises(UserError, match="ranks_per_server = 1, but vLLM runs vllm.tensor_parallel_size = 2"):
+        launch.transfer_env(config(tp=2))
+    with pytest.raises(UserError, match="data_parallel_size > 1 is not supported"):
+        launch.transfer_env(config(dp=2))
+    RLConfig.build([], {"weight_transfer": {"mode": "distributed"}, "inference": {"backend": "vllm"}})
+    with pytest.raises(Exception, match="data_parallel_size > 1 is not supported"):
+        RLConfig.build([], {"weight_transfer": {"mode": "distributed"},
+                            "inference": {"backend": "vllm", "vllm": {"data_parallel_size": 2}}})
+
+
+@pytest.mark.parametrize(("backend", "tp", "ranks"), [("builtin", 2, [1, 2]), ("vllm", 2, [1, 3]), ("vllm", 1, [1, 2])])
+def test_rl_gives_each_vllm_worker_a_rank_in_the_transfer_group(backend, tp, ranks):
+    from prime_rl.launch.plan import assign_transfer_ranks
+    from prime_rl.launch.rl_config import RLConfig
+
+    config = RLConfig.build([], {"weight_transfer": {"mode": "distributed"},
+                                 "inference": {"backend": backend, "vllm": {"tensor_parallel_size": tp}}})
+    servers = [config.inference, config.inference.model_copy()]
+    assign_transfer_ranks(config, servers, "127.0.0.1:1234")
+    assert [server.weight_transfer.rank for server in servers] == ranks
+    assert config.trainer.weight_transfer.world_size == 1 + 2 * (tp if backend == "vllm" else 1)
+    assert all(s.weight_transfer.address == config.trainer.weight_transfer.address == "127.0.0.1:1234" for s in servers)

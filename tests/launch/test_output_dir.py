@@ -1,0 +1,199 @@
+"""`rl`'s run directory: the marker, what --overwrite deletes, and that every check comes before any deletion."""
+
+from __future__ import annotations
+
+import json
+import signal
+import tomllib
+
+import pytest
+
+from prime_rl.configs.cli import build_config
+from prime_rl.launch import output_dir
+from prime_rl.launch.output_dir import check_writable, delete, mark, plan
+from prime_rl.launch.processes import Child
+from prime_rl.launch.rl import launch
+from prime_rl.launch.rl_config import RLConfig
+from prime_rl.run_dir import MARKER, RUN_ARTIFACTS
+from prime_rl.utils.errors import ConfigError
+
+
+def previous_run(out, marked=True):
+    """A finished rl run (every artifact, a leftover temporary) with the user's own files beside it."""
+    for name in ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb"):
+        (out / name / "step_1").mkdir(parents=True)
+        (out / name / "step_1" / "f").write_text("run")
+    for name in ("metrics.jsonl", "metrics.jsonl.lock", "metrics.png", ".metrics.jsonl.x1y2.tmp"):
+        (out / name).write_text("run")
+    (out / "notes.md").write_text("mine")
+    (out / ".notes.tmp").write_text("mine too")  # looks temporary, but no run file is named like it
+    (out / "analysis").mkdir()
+    (out / "analysis" / "plot.py").write_text("mine")
+    if marked:
+        mark(out, "rl")
+
+
+def user_files(out):
+    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {MARKER}
+
+
+MINE = {"notes.md", ".notes.tmp", "analysis/plot.py"}
+
+
+def test_missing_or_empty_dir_starts_fresh(tmp_path):
+    assert plan(tmp_path / "nope", overwrite=True, resuming=False) == []
+    assert plan(tmp_path, overwrite=True, resuming=False) == []
+    assert plan(tmp_path, overwrite=False, resuming=False) == []
+
+
+def test_overwrite_deletes_exactly_the_marked_runs_artifacts(tmp_path):
+    previous_run(tmp_path)
+    doomed = plan(tmp_path, overwrite=True, resuming=False)
+    assert {p.name for p in doomed} == {*RUN_ARTIFACTS, ".metrics.jsonl.x1y2.tmp", MARKER}
+    delete(doomed)
+    assert user_files(tmp_path) == MINE
+    assert not (tmp_path / MARKER).exists()
+
+
+def test_overwrite_refuses_a_directory_without_the_marker(tmp_path):
+    (tmp_path / "thesis.tex").write_text("mine")
+    (tmp_path / "logs").mkdir()
+    with pytest.raises(ConfigError, match=rf"--overwrite deletes only what an rl run wrote, and {tmp_path} has no "
+                                          rf"\.prime-rl-run marker of one \(it holds logs, thesis\.tex\)"):
+        plan(tmp_path, overwrite=True, resuming=False)
+    assert (tmp_path / "thesis.tex").exists() and (tmp_path / "logs").is_dir()
+
+
+def test_overwrite_refuses_an_unmarked_run_from_before_the_marker(tmp_path):
+    previous_run(tmp_path, marked=False)
+    with pytest.raises(ConfigError, match="no .prime-rl-run marker"):
+        plan(tmp_path, overwrite=True, resuming=False)
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_resume_needs_no_marker_and_deletes_nothing(tmp_path, marked):
+    previous_run(tmp_path, marked)
+    assert plan(tmp_path, overwrite=False, resuming=True) == []
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_an_existing_run_needs_resume_or_overwrite(tmp_path, marked):
+    previous_run(tmp_path, marked)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        plan(tmp_path, overwrite=False, resuming=False)
+
+
+def test_a_fresh_run_may_start_beside_unrelated_files(tmp_path):
+    (tmp_path / "notes.md").write_text("mine")
+    assert plan(tmp_path, overwrite=False, resuming=False) == []
+
+
+def test_check_writable_creates_the_dir_and_leaves_no_probe(tmp_path):
+    check_writable(tmp_path / "a" / "b")
+    assert list((tmp_path / "a" / "b").iterdir()) == []
+
+
+def test_check_writable_failure_is_one_line(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(output_dir.tempfile, "NamedTemporaryFile", full)
+    with pytest.raises(ConfigError, match=rf"^cannot write {tmp_path}: no space left on device$"):
+        check_writable(tmp_path)
+
+
+def test_marker_records_its_writer(tmp_path):
+    mark(tmp_path, "rl")
+    record = json.loads((tmp_path / MARKER).read_text())
+    assert record["written_by"] == "prime-rl rl" and record["artifacts"] == list(RUN_ARTIFACTS)
+
+
+# ---------------------------------------------------------------------------- through launch()
+
+
+def rl_config(out, *extra):
+    return build_config(RLConfig, ["--output-dir", str(out), "--wandb.mode", "disabled", *extra])[0]
+
+
+@pytest.fixture
+def no_children(monkeypatch):
+    """launch() up to the first process start, which acts as Ctrl-C (nothing is started)."""
+    def interrupt(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Child, "start", interrupt)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+
+
+@pytest.mark.parametrize("late_error", [
+    ["--deployment.inference-gpu-ids", "[99]"],  # a device check (no such GPU / no GPU at all)
+    ["--inference.host", "no-such-host.invalid"],  # a host that does not resolve (RFC 6761 .invalid)
+    ["--inference.host", "192.0.2.1"],  # an address of no local interface (TEST-NET-1)
+])
+def test_overwrite_with_a_failing_launch_check_deletes_nothing(tmp_path, no_children, late_error):
+    previous_run(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError):
+        launch(rl_config(tmp_path, "--overwrite", *late_error))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_with_a_resume_step_is_a_load_error(tmp_path):
+    with pytest.raises(ConfigError, match="overwrite deletes the run that ckpt.resume_step continues"):
+        rl_config(tmp_path, "--overwrite", "--ckpt.resume-step", "3")
+
+
+def test_launch_replaces_a_marked_run_and_marks_the_new_one(tmp_path, no_children, capsys):
+    previous_run(tmp_path)
+    with pytest.raises(SystemExit):
+        launch(rl_config(tmp_path, "--overwrite"))
+    assert user_files(tmp_path) - {p for p in user_files(tmp_path) if p.startswith("configs/")} == MINE
+    assert (tmp_path / MARKER).is_file()
+    rl_toml = tomllib.loads((tmp_path / "configs" / "rl.toml").read_text())
+    assert "overwrite" not in rl_toml  # re-running the recorded config must not delete this run
+    assert rl_toml["output_dir"] == str(tmp_path)
+
+
+def test_launch_marks_a_new_dir_and_an_old_unmarked_run_it_resumes(tmp_path, no_children):
+    with pytest.raises(SystemExit):
+        launch(rl_config(tmp_path / "new"))
+    assert (tmp_path / "new" / MARKER).is_file()
+    old = tmp_path / "old"
+    for part in ("trainer", "orchestrator"):
+        (old / "checkpoints" / "step_2" / part).mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        launch(rl_config(old, "--ckpt.resume-step", "latest"))
+    assert (old / MARKER).is_file() and (old / "checkpoints" / "step_2" / "trainer").is_dir()
+
+
+def test_overwrite_with_the_configured_port_in_use_deletes_nothing(tmp_path, no_children):
+    """Regression: the busy port was found by the server after the old run was deleted."""
+    import socket
+
+    previous_run(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^inference.port {port} on '127.0.0.1': cannot listen there"):
+            launch(rl_config(tmp_path, "--overwrite", "--inference.port", str(port)))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_the_recorded_rl_toml_runs_again_with_other_shared_values(tmp_path, no_children):
+    """Regression: the component sections held the handed-down keys, so `rl @ configs/rl.toml --max-steps 9` was
+    "'orchestrator.max_steps' = 3 contradicts the shared value 9"."""
+    teacher = ["--teacher.model.name", "tiny-reverse-text", "--max-async-level", "2", "--weight-transfer.timeout-s", "9"]
+    with pytest.raises(SystemExit):
+        launch(rl_config(tmp_path, "--max-steps", "3", "--orchestrator.advantage.type", "rloo", *teacher))
+    recorded = tmp_path / "configs" / "rl.toml"
+    again = build_config(RLConfig, ["@", str(recorded), "--max-steps", "9", "--seq-len", "300"])[0]
+    first = rl_config(tmp_path, "--max-steps", "9", "--seq-len", "300", "--orchestrator.advantage.type", "rloo",
+                      *teacher)
+    for name in ("inference", "orchestrator", "trainer"):
+        assert getattr(again, name).model_dump() == getattr(first, name).model_dump(), name
+    assert again.orchestrator.teacher.base_url is None  # rl starts a teacher server again
+    # Launch-time choices and defaults are not pinned: a free port and the matched dtype are chosen again.
+    assert "port" not in again.inference.model_fields_set and "dtype" not in again.inference.builtin.model_fields_set
+    assert again.ckpt.resume_step is None

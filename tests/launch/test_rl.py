@@ -1,0 +1,204 @@
+"""Launcher pieces: output-dir rules, metrics tailing, plot, and child process cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from prime_rl.configs.cli import build_config
+from prime_rl.launch.plan import prepare_output_dir
+from prime_rl.launch.processes import Child, stop_all
+from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
+from prime_rl.launch.rl_config import RLConfig
+from prime_rl.run_dir import MARKER
+from prime_rl.utils.errors import ConfigError, UserError
+
+
+def rl_config(tmp_path, *extra):
+    return build_config(RLConfig, ["--output-dir", str(tmp_path / "run"), *extra])[0]
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path):
+    config = rl_config(tmp_path)
+    (tmp_path / "run" / "weights").mkdir(parents=True)
+    (tmp_path / "run" / MARKER).write_text("{}")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        prepare_output_dir(config)
+    assert prepare_output_dir(rl_config(tmp_path, "--ckpt.resume-step", "latest")) == []
+    # prepare_output_dir only plans (tests/launch/test_output_dir.py covers the deletion rules)
+    assert set(prepare_output_dir(rl_config(tmp_path, "--overwrite"))) == {config.output_dir / "weights",
+                                                                           config.output_dir / MARKER}
+    assert (tmp_path / "run" / "weights").exists()
+
+
+def test_metrics_tail_reads_only_complete_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    tail.poll()  # no file yet
+    line = json.dumps({"step": 0, "source": "orchestrator", "time": 1.0, "reward/mean": 0.25})
+    path.write_text(line + "\n" + '{"step": 1, "source": "orch')
+    tail.poll()
+    assert tail.get("orchestrator", "reward/mean") == {0: 0.25}
+    with open(path, "a") as f:
+        f.write('estrator", "reward/mean": 0.5}\n')
+    tail.poll()
+    assert tail.last("orchestrator", "reward/mean") == (1, 0.5)
+
+
+def test_plot_and_summary(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        for step in range(4):
+            f.write(json.dumps({"step": step, "source": "orchestrator", "reward/mean": 0.1 * step}) + "\n")
+            f.write(json.dumps({"step": step, "source": "trainer", "loss/importance_ratio": 1.0,
+                                "loss/soft_gate_weight": 0.9}) + "\n")
+    tail = MetricsTail(path)
+    tail.poll()
+    assert write_plot(tail, tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    text = "\n".join(summary_lines(tail, 12.0, tmp_path))
+    assert "steps trained: 4" in text and "0.000 (step 0) -> 0.300 (step 3)" in text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead for our purposes
+        return f.read().split()[2] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups checked via /proc")
+def test_stop_all_kills_grandchildren(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(600)\n"
+    )
+    child = Child("worker", [sys.executable, "-c", script], tmp_path / "worker.log", dict(os.environ))
+    child.start()
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    stop_all([child], grace_s=2)
+    time.sleep(0.2)
+    assert not _alive(child.process.pid)
+    assert not _alive(grandchild)
+
+
+def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files(tmp_path):
+    from prime_rl.launch.plan import clear_after, pin_resume_step
+
+    def resume_from(config):
+        step = pin_resume_step(config)
+        if step is not None:
+            clear_after(config, step)
+        return step
+
+    run = tmp_path / "run"
+    for step, parts in ((2, ("trainer", "orchestrator")), (3, ("trainer", "orchestrator")), (4, ("trainer",))):
+        for part in parts:
+            (run / "checkpoints" / f"step_{step}" / part).mkdir(parents=True)
+    for step in range(6):
+        (run / "rollouts" / f"step_{step}").mkdir(parents=True)
+        (run / "weights" / f"step_{step}").mkdir(parents=True)
+    (run / "rollouts" / ".step_6.k2j3.tmp").mkdir()  # a write the interrupted run did not finish
+    (run / "checkpoints" / "step_4" / ".trainer.tmp").mkdir()
+    lines = [{"step": s, "source": src, "x": 1.0} for s in range(6) for src in ("trainer", "orchestrator")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 5, "sou')
+    config = rl_config(tmp_path, "--ckpt.resume-step", "latest")
+    assert resume_from(config) == 3
+    assert config.trainer.ckpt.resume_step == config.orchestrator.ckpt.resume_step == 3
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_0", "step_1", "step_2"]
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_0", "step_1", "step_2", "step_3"]
+    assert not (run / "checkpoints" / "step_4" / ".trainer.tmp").exists()
+    # Steps >= 3 are re-run: their old metric lines go (and the torn last line), nothing else.
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["source"]) for r in rows] == [(s, src) for s in range(3) for src in ("trainer", "orchestrator")]
+    with pytest.raises(UserError, match="complete steps: 2, 3"):
+        resume_from(rl_config(tmp_path, "--ckpt.resume-step", "4"))
+    assert resume_from(rl_config(tmp_path)) is None
+
+
+def test_progress_of_a_resumed_run_starts_at_the_resume_step(tmp_path):
+    """Regression: the bar counted from the last line it found, the interrupted run's."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from prime_rl.launch.rl import ProgressView
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "source": "trainer", "perf/step_time_s": 1.0}) + "\n"
+                            for s in range(3)))
+    out = StringIO()
+    view = ProgressView(Console(file=out, force_terminal=False), total=6, start=3)
+    tail = MetricsTail(path)
+    tail.poll()
+    view.update(tail)
+    assert out.getvalue() == ""  # nothing new trained yet: no line from the old run's steps
+    with open(path, "a") as f:
+        f.write(json.dumps({"step": 3, "source": "trainer", "perf/step_time_s": 2.0}) + "\n")
+    tail.poll()
+    view.update(tail)
+    assert out.getvalue().startswith("step 4/6")
+
+
+@pytest.mark.parametrize("on_gpu, extra, builtin, vllm", [
+    (False, [], "float32", "float32"),
+    (True, [], "bfloat16", "bfloat16"),  # the trainer computes in bf16 mixed precision there
+    (True, ["--trainer.runtime.dtype", "float32"], "float32", "float32"),
+    (True, ["--inference.builtin.dtype", "float16", "--inference.vllm.dtype", "half"], "float16", "half"),  # the user's
+])
+def test_inference_computes_in_the_trainers_dtype_unless_set(tmp_path, on_gpu, extra, builtin, vllm):
+    from prime_rl.launch.plan import match_inference_dtype
+
+    config = rl_config(tmp_path, *extra)
+    match_inference_dtype(config, trainer_on_gpu=on_gpu)
+    assert (config.inference.builtin.dtype, config.inference.vllm.dtype) == (builtin, vllm)
+
+
+def test_policy_servers_get_equal_gpu_shares(tmp_path):
+    from prime_rl.launch.plan import split_devices
+
+    assert split_devices("", 3) == ["", "", ""]
+    assert split_devices("0,1,2,3", 2) == ["0,1", "2,3"]
+    with pytest.raises(ConfigError, match="num_servers = 3 does not divide the 4 inference GPU"):
+        split_devices("0,1,2,3", 3)
+
+
+def test_a_fresh_dir_holding_only_a_server_nodes_or_slurm_files_may_be_overwritten(tmp_path):
+    config = rl_config(tmp_path, "--overwrite")
+    (tmp_path / "run" / "nodes" / "node0").mkdir(parents=True)
+    (tmp_path / "run" / "slurm-job").mkdir()
+    assert prepare_output_dir(config) == []  # nothing of a run there: a fresh run, and those stay
+
+
+def test_metrics_tail_skips_older_records_and_follows_a_replaced_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 9, "source": "trainer", "time": 100.0, "perf/step_time_s": 1.0}) + "\n")
+    tail = MetricsTail(path, since=200.0)
+    tail.poll()
+    assert tail.last("trainer", "perf/step_time_s") is None  # an earlier run's last step is not this run's
+    path.rename(tmp_path / "old.jsonl")  # --overwrite elsewhere: the file goes, a new one comes
+    path.write_text(json.dumps({"step": 0, "source": "trainer", "time": 300.0, "perf/step_time_s": 2.0}) + "\n")
+    tail.poll()
+    assert tail.last("trainer", "perf/step_time_s") == (0, 2.0)
+
+
+def test_a_split_node_checks_only_the_gpus_of_what_it_starts(tmp_path, monkeypatch):
+    from prime_rl.launch.plan import assign_devices
+
+    monkeypatch.setenv("PRIME_INFERENCE__API_KEY", "k" * 32)
+    server_node = rl_config(tmp_path, "--deployment.components", '["inference"]', "--inference.port", "8000",
+                            "--deployment.trainer-gpu-ids", "[7]")
+    assert assign_devices(server_node) == ("", "")  # no GPU here; the trainer's ids belong to another node
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        assign_devices(rl_config(tmp_path, "--deployment.inference-gpu-ids", "[0]"))
