@@ -33,7 +33,7 @@ def test_an_installed_script_shows_help_and_fails_in_one_line(tmp_path):
     bad.write_text("not_a_key = 1\n")
     failed = subprocess.run([str(BIN / "rl"), "@", str(bad)], capture_output=True, text=True, timeout=120, env=env)
     assert failed.returncode == 2 and failed.stderr.count("\n") == 1, failed.stderr
-    assert failed.stderr.startswith("error: unknown config key 'not_a_key'"), failed.stderr
+    assert failed.stderr.startswith(f"error: {bad}: unknown config key 'not_a_key'"), failed.stderr
 
 
 def test_rl_help_shows_nested_keys():

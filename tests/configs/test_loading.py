@@ -177,3 +177,32 @@ def test_unknown_cli_key_lists_allowed_keys(capsys):
         parse_config(RLConfig, ["--trainer.optim.lrr", "1"])
     err = capsys.readouterr().err
     assert "unknown config key 'trainer.optim.lrr'" in err and "lr" in err
+
+
+@pytest.mark.parametrize("bad, hidden_by", [
+    ('max_steps = "ten"\n', ["--max-steps", "3"]),  # the command line sets the key too
+    ('[trainer.optim]\nlr = "fast"\n', ["@", "LATER"]),  # a later file sets it too
+    ('[loss]\ntype = "sapo"\ntau_pos = "high"\n', ["--loss.tau-pos", "1.5"]),  # inside a union section
+    ('[[orchestrator.env]]\nid = "reverse-text"\nweight = "heavy"\n', []),  # in a list of tables
+])
+def test_a_bad_value_in_a_file_is_refused_even_when_another_layer_overrides_it(tmp_path, capsys, bad, hidden_by):
+    """Every file's values are validated on their own, not only the merged winner: one line naming the file."""
+    (tmp_path / "bad.toml").write_text(bad)
+    (tmp_path / "later.toml").write_text('max_steps = 4\n[trainer.optim]\nlr = 1e-3\n')
+    argv = ["@", str(tmp_path / "bad.toml"), *[str(tmp_path / "later.toml") if a == "LATER" else a for a in hidden_by]]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(RLConfig, argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path / 'bad.toml'}: invalid value for '"), err
+
+
+def test_a_file_that_is_only_valid_together_with_another_is_accepted(tmp_path):
+    """Rules across keys are judged on the merged config: a file may set half of what a later one completes,
+    and a file may leave a key to the default or to the command line."""
+    (tmp_path / "a.toml").write_text('[orchestrator]\nrollout_mode = "continuous"\n')
+    (tmp_path / "b.toml").write_text('[inference]\nbackend = "builtin"\n')
+    config = build(["@", str(tmp_path / "a.toml"), "@", str(tmp_path / "b.toml"), "--max-steps", "2"])
+    assert config.orchestrator.rollout_mode == "continuous" and config.max_steps == 2
+    (tmp_path / "c.toml").write_text("seq_len = 128\n[orchestrator.sampling]\nmax_tokens = 64\n")
+    assert build(["@", str(tmp_path / "c.toml")]).seq_len == 128

@@ -116,6 +116,17 @@ class EntrypointConfig(BaseSettings):
         return (init_settings, env_settings, _TomlFilesSource(settings_cls))
 
     @classmethod
+    def validate_layer(cls, values: dict[str, Any]) -> None:
+        """Validate `values` (one TOML file's) on their own: no other source, no rule across keys; raises
+        pydantic's ValidationError. `configs.cli.check_layers` keeps the errors at keys the file sets."""
+        building, inside = _building.set((None, ())), _inside_entrypoint.set(True)
+        try:
+            cls(**values)
+        finally:
+            _inside_entrypoint.reset(inside)
+            _building.reset(building)
+
+    @classmethod
     def build(cls, toml_files: list[Path] | tuple[Path, ...] = (), overrides: dict[str, Any] | None = None):
         """Build the config from TOML files (in order) and CLI-style nested overrides."""
         token = _building.set((cls, tuple(Path(p) for p in toml_files)))

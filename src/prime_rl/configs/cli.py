@@ -26,7 +26,7 @@ from prime_rl.configs.base import ENV_PREFIX, EntrypointConfig
 from prime_rl.configs.describe import describe_config, model_types, tag_of
 from prime_rl.configs.env_vars import unknown_env_vars
 from prime_rl.configs.strict import check_bare_flags
-from prime_rl.configs.toml_io import dump_toml
+from prime_rl.configs.toml_io import dump_toml, read_toml
 from prime_rl.utils.disk import as_disk_error
 from prime_rl.utils.errors import ConfigError, PrimeError
 
@@ -136,9 +136,42 @@ def _is_secret(root: type[BaseModel], loc: tuple) -> bool:
     return field is not None and "SecretStr" in str(field.annotation)
 
 
+def _set_in(layer: dict[str, Any], loc: Sequence[Any]) -> bool:
+    """Whether the error location `loc` is a value `layer` itself sets (not a section, not a default)."""
+    node: Any = layer
+    for part in loc:
+        if isinstance(node, dict) and part not in node and node.get("type") == part:
+            continue  # a discriminated union's tag
+        if not isinstance(node, dict | list):
+            return False
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    return not isinstance(node, dict)
+
+
+def check_layers(config_cls: type[EntrypointConfig], toml_files: Sequence[Path]) -> None:
+    """Every TOML file's values are valid on their own, also those a later file, a PRIME_* variable or the command
+    line overrides (a wrong type hidden by an override is still a wrong file): a ConfigError naming the file and
+    the first bad key it sets. Rules across keys are judged on the merged config only."""
+    for path in toml_files:
+        layer = read_toml(path)
+        try:
+            config_cls.validate_layer(layer)
+        except ValidationError as exc:
+            own = [error for error in exc.errors(include_url=False) if _set_in(layer, error.get("loc", ()))]
+            if own:
+                raise ConfigError(f"{path}: {format_errors(own, config_cls)}") from None
+
+
 def format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     """One line: the first problem, naming the key and what is allowed."""
-    errors = exc.errors(include_url=False)
+    return format_errors(exc.errors(include_url=False), root)
+
+
+def format_errors(errors: list[dict[str, Any]], root: type[BaseModel]) -> str:
+    """One line for pydantic's `errors` (at least one): the first problem, naming the key and what is allowed."""
     first = errors[0]
     loc = first.get("loc", ())
     key = _walk(root, loc)[0] or "<root>"
@@ -193,6 +226,7 @@ def build_config(config_cls: type[C], argv: Sequence[str]) -> tuple[C, ParsedArg
     check_bare_flags(config_cls, args.bare_flags)
     for name in unknown_env_vars(config_cls, os.environ):
         print(f"warning: ignoring environment variable {name}: not a config key of {config_cls.command}", file=sys.stderr)
+    check_layers(config_cls, args.toml_files)
     try:
         return config_cls.build(args.toml_files, args.overrides), args
     except ValidationError as exc:

@@ -36,7 +36,10 @@ included files are read first and the file's own values merged over them, so a v
 only what it changes (see `examples/reverse_text/rl_sapo.toml`).
 
 Unknown keys (at any depth), wrong types, out-of-range values and unreadable or non-UTF-8 TOML
-files stop the command with one line naming the key and what is allowed, exit code 2. Stricter
+files stop the command with one line naming the key and what is allowed, exit code 2. Each TOML
+file's values are checked on their own too, so a wrong value in a file is an error (naming the file)
+even where a later file, a variable or a flag overrides that key; rules that tie several keys
+together are checked on the merged config only. Stricter
 than plain pydantic: `true`/`false` only for on/off keys (`--max-steps true` is an error, not 1),
 a bare `--key` without a value only for on/off keys, and no float key takes `inf` or `nan`.
 
