@@ -111,6 +111,20 @@ def test_boolean_flags():
     assert build(["--trainer.runtime.compile", "--trainer.runtime.no-compile"]).trainer.runtime.compile is False
 
 
+@pytest.mark.parametrize("flag", ["--no-trainer.runtime.compile", "--no_trainer.runtime.compile",
+                                  "--trainer.runtime.no-compile", "--trainer.runtime.no_compile"])
+def test_a_boolean_in_a_section_turns_off_with_no_before_the_key_or_before_its_last_part(flag):
+    assert build(["--trainer.runtime.compile", flag]).trainer.runtime.compile is False
+
+
+def test_a_negated_flag_of_a_key_that_is_not_on_off_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(RLConfig, ["--no-trainer.optim.lr"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "option --trainer.optim.lr needs a value" in err, err
+
+
 def test_value_parsing():
     args = parse_args(["--a", "7", "--b", "1e-5", "--c", "sapo", "--d", "[1, 2]", "--e", "true", "--f", "-3"])
     assert args.overrides == {"a": 7, "b": 1e-5, "c": "sapo", "d": [1, 2], "e": True, "f": -3}
@@ -140,6 +154,17 @@ def test_help_lists_nested_keys_with_descriptions():
     assert "--loss.type" in text
     lr_line = next(line for line in text.splitlines() if line.startswith("--trainer.optim.lr "))
     assert "learning rate" in lr_line and "default" in lr_line
+
+
+def test_help_and_the_reference_give_a_multi_line_description_whole():
+    """A docstring over several lines is one line of --help and of docs/configs.md, cut nowhere."""
+    from prime_rl.launch.config_docs import render
+
+    docstring = " ".join(RLConfig.model_fields["seq_len"].description.split())
+    assert docstring.count(".") >= 1 and len(RLConfig.model_fields["seq_len"].description.splitlines()) > 1
+    help_line = next(line for line in render_help(RLConfig).splitlines() if line.startswith("--seq_len "))
+    assert docstring in help_line
+    assert docstring in render()
 
 
 @pytest.mark.parametrize(

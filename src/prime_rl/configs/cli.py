@@ -61,6 +61,16 @@ def _set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _flag_target(key: str) -> tuple[str, bool]:
+    """A bare flag's key and whether it is negated: `--a.b` is true; `--no-a.b` and `--a.no-b` are false."""
+    head, _, last = key.rpartition(".")
+    if last.startswith(("no-", "no_")):
+        return (head + "." if head else "") + last[3:], True
+    if head and key.startswith(("no-", "no_")):
+        return key[3:], True
+    return key, False
+
+
 def parse_args(argv: Sequence[str]) -> ParsedArgs:
     """Split argv into TOML files, nested overrides and the --help/--dry-run flags."""
     files: list[Path] = []
@@ -90,10 +100,7 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
                 _set_dotted(overrides, key, _parse_value(args[i + 1]))
                 i += 1
             else:
-                # A bare flag: --flag is true, --no-flag (or --section.no-flag) is false.
-                head, _, last = key.rpartition(".")
-                negated = last.startswith(("no-", "no_"))
-                target = (head + "." if head else "") + last[3:] if negated else key
+                target, negated = _flag_target(key)
                 _set_dotted(overrides, target, not negated)
                 bare_flags.append(target)
         else:

@@ -101,8 +101,7 @@ def describe(model: type[BaseModel], prefix: str = "", condition: str = "", hide
         if name in hide:
             continue
         key = f"{prefix}{name}"
-        lines = (field.description or "").strip().splitlines()
-        description = lines[0] if lines else ""
+        description = " ".join((field.description or "").split())  # the whole docstring, on one line
         models = model_types(field.annotation)
         is_list = typing.get_origin(union_members(field.annotation)[0]) in (list, tuple)
         if models and not is_list and len(models) == 1:

@@ -29,7 +29,8 @@ uv run rl --help                                         # every key with type, 
 Precedence, highest first: **CLI flags > `PRIME_*` environment variables > later TOML files >
 earlier TOML files > defaults**. Tables merge key by key. Keys accept `-` or `_`. CLI values are
 read as TOML literals (`7`, `1e-5`, `true`, `[0, 1]`) and as plain strings otherwise.
-Booleans are `--flag` / `--no-flag`.
+Booleans are `--flag` / `--no-flag`; in a section both `--no-trainer.runtime.compile` and
+`--trainer.runtime.no-compile` turn `trainer.runtime.compile` off.
 
 A TOML file may start with `include = "base.toml"` (or a list of files, relative to it): the
 included files are read first and the file's own values merged over them, so a variant states
