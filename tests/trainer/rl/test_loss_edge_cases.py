@@ -273,3 +273,18 @@ def test_low_var_kl_clamps_d_to_twenty():
     kl = kl_estimate(lp, ref, "low_var_kl")
     assert kl.tolist() == pytest.approx([10.0, 10.0, 10.0])  # k3(-20) = e^20 - 21, then clamped to 10
     assert kl_estimate(torch.tensor([-2.0]), torch.zeros(1), "low_var_kl").item() == pytest.approx(math.exp(2) - 3)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("lp, lq", [(0.0, -30.0), (-30.0, 0.0)])
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_the_gate_is_zero_exactly_where_the_ratio_clamp_zeroes_the_gradient(variant, lp, lq, adv):
+    """A token with |log r| = 30 > B: for the variants whose gradient flows through log r the clamp leaves it no
+    gradient, and `loss/soft_gate_weight` must say 0 (not the closed form of the unclamped gate); the gradient of
+    CISPO and gspo_token reaches lp directly, and where it is not 0 their gate is not either."""
+    _, grads, metrics = step({"type": variant}, [batch([lp], [lq], [adv], [1])])
+    assert metrics["loss/ratio_clamped_frac"] == 1.0
+    has_gradient = grads[0][0].item() != 0.0
+    assert (metrics["loss/soft_gate_weight"] > 0) == has_gradient, (grads[0], metrics["loss/soft_gate_weight"])
+    assert metrics["loss/soft_gate_amplified_frac"] <= float(has_gradient)
+    assert not has_gradient or variant in ("cispo", "gspo_token")

@@ -55,6 +55,8 @@ does the sum and division for a list of dicts). Keys (all variants unless noted)
   per-token loss is summed (token normalization with one token as denominator),
   `grad_t = -w_t * r_t * Â_t`. w_t is unbounded above where r is small, so the mean is of
   min(w_t, 1), in [0, 1] for every variant; `loss/soft_gate_amplified_frac` counts w_t > 1.
+  w_t is 0 where |log r| > B: the clamp passes no gradient (CISPO and gspo_token excepted: their gradient
+  reaches lp directly).
 - `loss/mismatch_kl`       mean (r - log r - 1), the k3 estimate of KL(inference || trainer)
 - `loss/clip_frac_low`, `loss/clip_frac_high`  fraction of tokens whose gradient a lower/upper
   bound removed or capped (a hard mask or clip; 0 for variants without bounds)
@@ -347,6 +349,10 @@ class _Term:
     clip_low: Tensor  # [T] bool
     clip_high: Tensor  # [T] bool
     extra: dict[str, Tensor] = field(default_factory=dict)  # extra [sum, count] metrics
+    through_ratio: bool = True
+    """The gradient reaches lp only through log r (every built-in variant but CISPO, l_t = -sg(.) A lp_t, and
+    gspo_token, exp(lp_t - sg(lp_t))): where the clamp holds log r constant (`_Prepared.clamped`) the gradient
+    is 0, and so is the reported gate."""
 
 
 def _shaped_advantage(cfg: Any, p: _Prepared) -> Tensor:
@@ -437,7 +443,7 @@ def cispo_loss(cfg: CispoLossConfig, p: _Prepared) -> _Term:
     clip_low = p.mask & (r < low) if low is not None else torch.zeros_like(p.mask)
     clip_high = p.mask & (r > 1 + cfg.eps_high)
     gate = p.off_mask_zero(_safe_div(clipped, r))
-    return _Term(loss, gate, clip_low, clip_high)
+    return _Term(loss, gate, clip_low, clip_high, through_ratio=False)
 
 
 @LOSSES.implements(VanillaLossConfig)
@@ -508,7 +514,8 @@ def gspo_loss(cfg: GspoLossConfig, p: _Prepared) -> _Term:
     clip_low = p.mask & (p.adv < 0) & (sd < lo)
     clip_high = p.mask & (p.adv > 0) & (sd > hi)
     gate = torch.where(p.mask & ~clip_low & ~clip_high, _safe_div(sd, p.r.detach()), torch.zeros_like(sd))
-    return _Term(loss, gate, clip_low, clip_high, {"loss/sequence_ratio": _metric(sd, p.mask)})
+    return _Term(loss, gate, clip_low, clip_high, {"loss/sequence_ratio": _metric(sd, p.mask)},
+                 through_ratio=not isinstance(cfg, GspoTokenLossConfig))
 
 
 @LOSSES.implements(FipoLossConfig)
@@ -731,8 +738,9 @@ class Loss:
             "loss/nonfinite_ratio_frac": _metric((p.trained & ~p.mask).float(), p.trained),
         }
         if cfg.type != "custom":
-            metrics["loss/soft_gate_weight"] = _metric(term.gate.clamp(max=1.0), p.mask)
-            metrics["loss/soft_gate_amplified_frac"] = _metric((term.gate > 1).float(), p.mask)
+            gate = term.gate.masked_fill(p.clamped, 0.0) if term.through_ratio else term.gate
+            metrics["loss/soft_gate_weight"] = _metric(gate.clamp(max=1.0), p.mask)
+            metrics["loss/soft_gate_amplified_frac"] = _metric((gate > 1).float(), p.mask)
         per_token = term.loss + _regularizers(cfg, p, metrics)
         metrics.update(term.extra)
         loss = normalize(per_token, p.trained, p.sample_lens, cfg.normalization, scale)
