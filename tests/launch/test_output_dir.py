@@ -15,6 +15,7 @@ from prime_rl.launch.processes import Child
 from prime_rl.launch.rl import launch
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import MARKER, RUN_ARTIFACTS
+from prime_rl.utils.checksums import write_manifest
 from prime_rl.utils.errors import ConfigError
 
 
@@ -161,6 +162,7 @@ def test_launch_marks_a_new_dir_and_an_old_unmarked_run_it_resumes(tmp_path, no_
     old = tmp_path / "old"
     for part in ("trainer", "orchestrator"):
         (old / "checkpoints" / "step_2" / part).mkdir(parents=True)
+        write_manifest(old / "checkpoints" / "step_2" / part)  # as every checkpoint has (verified before resuming)
     with pytest.raises(SystemExit):
         launch(rl_config(old, "--ckpt.resume-step", "latest"))
     assert (old / MARKER).is_file() and (old / "checkpoints" / "step_2" / "trainer").is_dir()

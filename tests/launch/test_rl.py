@@ -127,6 +127,43 @@ def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files
     assert resume_from(rl_config(tmp_path)) is None
 
 
+def test_a_damaged_resume_checkpoint_is_refused_before_anything_is_discarded(tmp_path):
+    """A truncated shard in the checkpoint to resume from: the explicit step and 'latest' (which resolves to it)
+    both fail in one line naming the file, and the run directory is as it was, so the earlier checkpoint still
+    resumes with every metrics line of the steps before it."""
+    from prime_rl.launch.plan import plan_run, prepare_run_dir
+    from prime_rl.utils.checksums import CorruptCheckpoint, write_manifest
+
+    run = tmp_path / "run"
+    for step in (2, 4):
+        for part in ("trainer", "orchestrator"):
+            part_dir = run / "checkpoints" / f"step_{step}" / part
+            part_dir.mkdir(parents=True)
+            (part_dir / "shard.bin").write_bytes(bytes(range(256)) * 8)
+            write_manifest(part_dir)
+    for step in range(6):
+        (run / "rollouts" / f"step_{step}").mkdir(parents=True)
+        (run / "weights" / f"step_{step}").mkdir(parents=True)
+    lines = [{"step": s, "source": src, "x": 1.0} for s in range(6) for src in ("trainer", "orchestrator")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    shard = run / "checkpoints" / "step_4" / "trainer" / "shard.bin"
+    shard.write_bytes(shard.read_bytes()[:100])  # a shard cut short (a full disk, a killed copy)
+
+    def state() -> dict:
+        return {p: (p.read_bytes() if p.is_file() else None) for p in run.rglob("*")}
+
+    before = state()
+    for wanted in ("4", "latest"):
+        with pytest.raises(CorruptCheckpoint, match=f"checkpoint file {shard} is truncated"):
+            plan_run(rl_config(tmp_path, "--ckpt.resume-step", wanted))
+        assert state() == before, wanted
+    plan = plan_run(rl_config(tmp_path, "--ckpt.resume-step", "2"))
+    prepare_run_dir(plan)
+    assert plan.resumed == 2
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [0, 1]
+
+
 def test_progress_of_a_resumed_run_starts_at_the_resume_step(tmp_path):
     """Regression: the bar counted from the last line it found, the interrupted run's."""
     from io import StringIO

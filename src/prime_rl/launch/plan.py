@@ -28,6 +28,7 @@ from prime_rl.monitor.sinks import drop_steps_from
 from prime_rl.run_dir import (
     ORCHESTRATOR,
     TRAINER,
+    checkpoint_dir,
     config_file,
     discard_after,
     metrics_file,
@@ -36,6 +37,7 @@ from prime_rl.run_dir import (
     resolve_resume_step,
     weights_root,
 )
+from prime_rl.utils.checksums import verify_manifest
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.net import listening_socket
 
@@ -95,6 +97,8 @@ def plan_run(loaded: RLConfig) -> RunPlan:
     base = config.output_dir if owner else node_dir(config.output_dir, socket.gethostname())
     doomed = prepare_output_dir(config) if owner else []
     resumed = pin_resume_step(config)
+    if resumed is not None and owner:
+        verify_resume_checkpoint(config, resumed)
     inference_devices, trainer_devices = assign_devices(config)
     server_devices = split_devices(inference_devices, config.inference.num_servers)
     match_inference_dtype(config, bool(trainer_devices))
@@ -163,6 +167,14 @@ def pin_resume_step(config: RLConfig) -> int | None:
     for component in (config, config.trainer, config.orchestrator):
         object.__setattr__(component.ckpt, "resume_step", wanted)
     return wanted
+
+
+def verify_resume_checkpoint(config: RLConfig, step: int) -> None:
+    """Every part of checkpoint `step` matches its manifest (`utils/checksums`), checked before anything of the run
+    is discarded: a damaged checkpoint is a one-line CorruptCheckpoint (exit 2) naming the file, and the run
+    directory stays as it was (the components verify it again as they load it)."""
+    for part in RUN_PARTS:
+        verify_manifest(checkpoint_dir(config.output_dir, step, part))
 
 
 def clear_after(config: RLConfig, step: int) -> None:
