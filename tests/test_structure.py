@@ -43,7 +43,7 @@ def imported(tree: ast.AST) -> set[str]:
 
 def test_only_run_dir_spells_run_directory_names():
     names = {run_dir.CONFIGS, run_dir.ROLLOUTS, run_dir.WEIGHTS, run_dir.CHECKPOINTS, run_dir.LOGS, run_dir.METRICS,
-             run_dir.METRICS_PLOT, run_dir.MARKER, run_dir.NODES, run_dir.SLURM}
+             run_dir.METRICS_PLOT, run_dir.MARKER, run_dir.RUN_LOCK, run_dir.NODES, run_dir.SLURM}
     found = [f"{path.relative_to(SRC)}:{node.lineno} {node.value!r}"
              for path, tree in modules() if path.name != "run_dir.py"
              for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in names]

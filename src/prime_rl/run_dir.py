@@ -48,6 +48,7 @@ from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import list_steps, remove_steps_from, step_path
 
 MARKER = ".prime-rl-run"
+RUN_LOCK = ".prime-rl-run.lock"  # held (flock) by the rl running in the directory; never deleted: not an artifact
 CONFIGS = "configs"
 ROLLOUTS = "rollouts"
 WEIGHTS = "weights"
@@ -66,6 +67,10 @@ RUN_ARTIFACTS = (ROLLOUTS, WEIGHTS, CHECKPOINTS, LOGS, CONFIGS, WANDB, METRICS, 
 
 _TEMPORARY = re.compile(r"^\..+\.tmp$")
 """Names `atomic_path`/`atomic_dir`/the checkpoint writers give to what they have not finished."""
+
+
+def run_lock_file(output_dir: Path) -> Path:
+    return Path(output_dir) / RUN_LOCK
 
 
 def node_dir(output_dir: Path, host: str) -> Path:

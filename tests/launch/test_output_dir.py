@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -14,7 +16,7 @@ from prime_rl.launch.output_dir import check_writable, delete, mark, plan
 from prime_rl.launch.processes import Child
 from prime_rl.launch.rl import launch
 from prime_rl.launch.rl_config import RLConfig
-from prime_rl.run_dir import MARKER, RUN_ARTIFACTS
+from prime_rl.run_dir import MARKER, RUN_ARTIFACTS, RUN_LOCK
 from prime_rl.utils.checksums import write_manifest
 from prime_rl.utils.errors import ConfigError
 
@@ -35,7 +37,7 @@ def previous_run(out, marked=True):
 
 
 def user_files(out):
-    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {MARKER}
+    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {MARKER, RUN_LOCK}
 
 
 MINE = {"notes.md", ".notes.tmp", "analysis/plot.py"}
@@ -152,6 +154,35 @@ def test_overwrite_with_vllm_missing_deletes_nothing_and_names_the_server(tmp_pa
     with pytest.raises(ConfigError, match=rf"^{server} server: backend 'vllm' needs vLLM: install the 'vllm' extra"):
         launch(rl_config(tmp_path, "--overwrite", *backend))
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_second_rl_where_a_run_goes_on_is_refused_naming_it_and_a_dead_runs_lock_never_blocks(tmp_path,
+                                                                                              no_children):
+    """Regression: `rl --overwrite` on a directory whose run was still going deleted it under the live run. The
+    running rl (here another process holding the lock) is named; once it is gone its lock file stays but no
+    longer blocks."""
+    previous_run(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.write(fd, b'rl (pid %d)' % os.getpid())\nprint('held', flush=True)\ntime.sleep(120)",
+         str(tmp_path / RUN_LOCK)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"^output dir {tmp_path} is in use by a running rl \(pid "
+                                              rf"{holder.pid}\): let it finish or stop it first"):
+            launch(rl_config(tmp_path, "--overwrite"))
+        after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != RUN_LOCK}
+        assert after == before
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(SystemExit):  # the holder died: its lock went with it; this rl starts (and is interrupted)
+        launch(rl_config(tmp_path, "--overwrite"))
+    assert (tmp_path / "notes.md").read_text() == "mine" and not (tmp_path / "rollouts").exists()
+    held = output_dir.lock(tmp_path, "rl")  # released by that rl when it stopped
+    held.release()
 
 
 def test_overwrite_with_a_resume_step_is_a_load_error(tmp_path):

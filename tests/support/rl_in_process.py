@@ -90,7 +90,7 @@ def run_in_process(argv: Sequence[str], timeout_s: float = TIMEOUT_S) -> InProce
     for server_config in (*plan.servers.values(), plan.teacher):
         if server_config is not None and resolved_backend(server_config.backend) != "builtin":
             raise ValueError("an in-process run serves with the builtin backend")
-    prepare_run_dir(plan)
+    run_lock = prepare_run_dir(plan)
     saved_env = os.environ.get(LOG_FILE_BY_PARENT_ENV)
     os.environ[LOG_FILE_BY_PARENT_ENV] = "1"  # one process: logs go to stderr, not to one component's file
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
@@ -122,6 +122,7 @@ def run_in_process(argv: Sequence[str], timeout_s: float = TIMEOUT_S) -> InProce
             server.stop()
         for worker in workers:
             worker.join(timeout=30)
+        run_lock.release()
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
         if saved_env is None:

@@ -128,11 +128,14 @@ def plan_run(loaded: RLConfig) -> RunPlan:
     return RunPlan(config, recorded, owner, base, doomed, resumed, servers, teacher, devices, key_env)
 
 
-def prepare_run_dir(plan: RunPlan) -> None:
-    """The only step that changes the run directory, after every check passed: delete what `--overwrite` deletes,
-    clear what a resume re-creates (`clear_after`), mark the directory as a run, write `configs/`."""
+def prepare_run_dir(plan: RunPlan) -> output_dir.RunLock | None:
+    """The only step that changes the run directory, after every check passed: take the run lock (refused while
+    another rl runs there), delete what `--overwrite` deletes, clear what a resume re-creates (`clear_after`),
+    mark the directory as a run, write `configs/`. Returns the lock (None for a server node's rl, which does not
+    own the directory): hold it while the run goes on."""
     config = plan.config
     output_dir.check_writable(config.output_dir)
+    run_lock = output_dir.lock(config.output_dir, config.command) if plan.owner else None
     if plan.owner:
         output_dir.delete(plan.doomed)
         if plan.resumed is not None:
@@ -142,6 +145,7 @@ def prepare_run_dir(plan: RunPlan) -> None:
         write_toml(config_file(plan.base, name), component.model_dump(mode="json"))
     if plan.owner:
         write_toml(config_file(config.output_dir, "rl"), plan.recorded)
+    return run_lock
 
 
 def server_port(host: str, port: int) -> int:

@@ -201,7 +201,7 @@ def launch(config: RLConfig) -> None:
         return
     start = time.monotonic()
     plan = plan_run(config)  # every check first (the config's own ran at load time)
-    prepare_run_dir(plan)  # only then change the run directory
+    run_lock = prepare_run_dir(plan)  # only then change the run directory (locked while this rl runs)
     config, base, owner, resumed = plan.config, plan.base, plan.owner, plan.resumed
     commands = component_commands(config, base)
     children = {
@@ -244,6 +244,8 @@ def launch(config: RLConfig) -> None:
         if view is not None:
             view.close()
         stop_all(list(children.values()))
+        if run_lock is not None:
+            run_lock.release()
     if interrupted:
         console.print(f"interrupted; all components stopped. Continue with --ckpt.resume-step latest "
                       f"(output dir {config.output_dir})")
