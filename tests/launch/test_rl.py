@@ -188,6 +188,49 @@ def test_progress_of_a_resumed_run_starts_at_the_resume_step(tmp_path):
     assert out.getvalue().startswith("step 4/6")
 
 
+def test_the_console_warns_on_every_step_whose_batch_was_empty_or_mostly_failed(tmp_path):
+    """Regression: a run whose every group was filtered, or whose environment failed every rollout, showed
+    ordinary progress lines and a normal summary; the reason was only in logs/orchestrator.log. Each such step
+    gets a warning line with the reason (also steps trained between two polls), and the summary counts them."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from prime_rl.launch.rl import ProgressView
+
+    path = tmp_path / "metrics.jsonl"
+    rollouts = {0: {"rollout/num_samples": 16, "rollout/env_error_frac": 0.25},  # fine: a few failures
+                1: {"rollout/num_samples": 0, "rollout/env_error_frac": 0.0, "rollout/filtered_frac": 1.0},
+                2: {"rollout/num_samples": 16, "rollout/env_error_frac": 0.75},
+                3: {"rollout/num_samples": 16, "rollout/env_error_frac": 0.5}}  # at the bound: no warning
+
+    def write(steps):
+        with open(path, "a") as f:
+            for step in steps:
+                f.write(json.dumps({"step": step, "source": "orchestrator", "reward/mean": 0.5, **rollouts[step]}) + "\n")
+                f.write(json.dumps({"step": step, "source": "trainer", "perf/step_time_s": 1.0,
+                                    "loss/importance_ratio": 1.0}) + "\n")
+
+    out = StringIO()
+    view = ProgressView(Console(file=out, force_terminal=False, width=400), total=4)
+    tail = MetricsTail(path)
+    write([0])
+    tail.poll()
+    view.update(tail)
+    write([1, 2, 3])  # three steps between two polls
+    tail.poll()
+    view.update(tail)
+    lines = out.getvalue().splitlines()
+    warnings = [line for line in lines if "warning" in line]
+    assert len(warnings) == 2, lines
+    assert warnings[0].startswith("step 2/4: warning: trained on an empty batch: every group was filtered")
+    assert warnings[1].startswith("step 3/4: warning: 75% of the rollouts failed in the environment and scored 0")
+    assert "logs/orchestrator.log" in warnings[0] and 'on_error = "fail"' in warnings[1]
+    summary = summary_lines(tail, 1.0, tmp_path)
+    assert summary[:2] == ["steps trained: 4", "warning: 2 of them trained on an empty or mostly failed batch "
+                                               "(steps 2, 3)"]
+
+
 @pytest.mark.parametrize("on_gpu, extra, builtin, vllm", [
     (False, [], "float32", "float32"),
     (True, [], "bfloat16", "bfloat16"),  # the trainer computes in bf16 mixed precision there

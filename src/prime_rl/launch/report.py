@@ -65,10 +65,32 @@ class MetricsTail:
         return step, values[step]
 
 
+ENV_FAILURE_WARN_FRAC = 0.5
+"""A step whose environment failed more than this share of its rollouts is a console warning."""
+
+
+def step_warning(tail: MetricsTail, step: int) -> str | None:
+    """Why the batch of `step` (0-based) trains nothing the run is for, in words for the console, else None: most
+    of its rollouts failed in the environment (scored 0), or every group was filtered (an empty batch)."""
+    failed = tail.get("orchestrator", "rollout/env_error_frac").get(step)
+    if failed is not None and failed > ENV_FAILURE_WARN_FRAC:
+        return (f"{failed:.0%} of the rollouts failed in the environment and scored 0 (see logs/orchestrator.log; "
+                "on_error = \"fail\" in [[orchestrator.env]] stops the run instead)")
+    if tail.get("orchestrator", "rollout/num_samples").get(step) == 0:
+        filtered = tail.get("orchestrator", "rollout/filtered_frac").get(step, 1.0)
+        return (f"trained on an empty batch: every group was filtered (rollout/filtered_frac {filtered:.2f}: "
+                "equal rewards in every group; see logs/orchestrator.log)")
+    return None
+
+
 def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[str]:
     rewards = tail.get("orchestrator", "reward/mean")
     trained = tail.get("trainer", "loss/importance_ratio") or tail.get("trainer", "optim/lr")
     lines = [f"steps trained: {len(trained)}"]
+    warned = [step for step in sorted(trained) if step_warning(tail, step) is not None]
+    if warned:
+        lines.append(f"warning: {len(warned)} of them trained on an empty or mostly failed batch (steps "
+                     f"{', '.join(str(step + 1) for step in warned[:10])}{' ...' if len(warned) > 10 else ''})")
     if rewards:
         steps = sorted(rewards)
         last5 = [rewards[s] for s in steps[-5:]]

@@ -32,7 +32,7 @@ from prime_rl.configs.cli import run_main
 from prime_rl.launch import slurm
 from prime_rl.launch.plan import TEACHER, is_server, plan_run, policy_servers, prepare_run_dir, starts_teacher
 from prime_rl.launch.processes import Child, stop_all
-from prime_rl.launch.report import MetricsTail, summary_lines, write_plot
+from prime_rl.launch.report import MetricsTail, step_warning, summary_lines, write_plot
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import config_file, log_file, metrics_file, metrics_plot
 from prime_rl.utils.disk import describe, disk_state
@@ -145,6 +145,10 @@ class ProgressView:
         if trained is None or trained[0] + 1 <= self.shown_step:
             return
         step, step_time = trained
+        for new in range(self.shown_step, step + 1):  # every step trained since the last update (0-based)
+            warning = step_warning(tail, new)
+            if warning is not None:
+                self.console.print(f"step {new + 1}/{self.total}: warning: {warning}")
         self.shown_step = step + 1
         reward = tail.get("orchestrator", "reward/mean").get(step)  # of the batch just trained on
         info = f"reward {reward:.3f}  " if reward is not None else ""
