@@ -185,6 +185,22 @@ def test_a_second_rl_where_a_run_goes_on_is_refused_naming_it_and_a_dead_runs_lo
     held.release()
 
 
+def test_the_interrupt_hint_says_what_can_be_resumed(tmp_path, no_children, capsys):
+    """Regression: after Ctrl-C the hint always said --ckpt.resume-step latest, which fails when no checkpoint was
+    ever written (ckpt.interval defaults to none)."""
+    with pytest.raises(SystemExit):
+        launch(rl_config(tmp_path / "run"))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "No checkpoint was written (ckpt.interval = None), so nothing can be resumed: run again with --overwrite" \
+        in out and "--ckpt.resume-step" not in out
+    for part in ("trainer", "orchestrator"):
+        (tmp_path / "run" / "checkpoints" / "step_2" / part).mkdir(parents=True)
+        write_manifest(tmp_path / "run" / "checkpoints" / "step_2" / part)
+    with pytest.raises(SystemExit):
+        launch(rl_config(tmp_path / "run", "--ckpt.resume-step", "latest"))
+    assert "Continue with --ckpt.resume-step latest (checkpoint step 2 of" in " ".join(capsys.readouterr().out.split())
+
+
 def test_overwrite_with_a_resume_step_is_a_load_error(tmp_path):
     with pytest.raises(ConfigError, match="overwrite deletes the run that ckpt.resume_step continues"):
         rl_config(tmp_path, "--overwrite", "--ckpt.resume-step", "3")

@@ -30,11 +30,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from prime_rl.configs.cli import run_main
 from prime_rl.launch import slurm
-from prime_rl.launch.plan import TEACHER, is_server, plan_run, policy_servers, prepare_run_dir, starts_teacher
+from prime_rl.launch.plan import (
+    RUN_PARTS,
+    TEACHER,
+    is_server,
+    plan_run,
+    policy_servers,
+    prepare_run_dir,
+    starts_teacher,
+)
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.report import MetricsTail, step_warning, summary_lines, write_plot
 from prime_rl.launch.rl_config import RLConfig
-from prime_rl.run_dir import config_file, log_file, metrics_file, metrics_plot
+from prime_rl.run_dir import complete_steps, config_file, log_file, metrics_file, metrics_plot
 from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
@@ -117,6 +125,17 @@ def child_env(cuda_devices: str, extra: dict[str, str] | None = None) -> dict[st
     env.update({"CUDA_VISIBLE_DEVICES": cuda_devices, "PYTHONUNBUFFERED": "1", LOG_FILE_BY_PARENT_ENV: "1"})
     env.update(extra or {})
     return env
+
+
+def resume_hint(config: RLConfig) -> str:
+    """What an interrupted run can be continued from, as the command line to add: the newest complete checkpoint,
+    or, where none was written, how to rerun (and how to make the next run resumable)."""
+    saved = complete_steps(config.output_dir, RUN_PARTS)
+    if saved:
+        return (f"Continue with --ckpt.resume-step latest (checkpoint step {saved[-1]} of {config.output_dir}; "
+                f"what was trained after it is run again)")
+    return (f"No checkpoint was written (ckpt.interval = {config.ckpt.interval}), so nothing can be resumed: "
+            f"run again with --overwrite (and --ckpt.interval N to checkpoint every N steps)")
 
 
 def _interrupt(signum, frame) -> None:
@@ -251,8 +270,7 @@ def launch(config: RLConfig) -> None:
         if run_lock is not None:
             run_lock.release()
     if interrupted:
-        console.print(f"interrupted; all components stopped. Continue with --ckpt.resume-step latest "
-                      f"(output dir {config.output_dir})")
+        console.print(f"interrupted; all components stopped. {resume_hint(config)}")
         raise SystemExit(130)
 
     if not owner:  # the trainer node's rl writes the plot and the summary
