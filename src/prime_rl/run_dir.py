@@ -38,6 +38,7 @@ its newest parts have no trainer partner yet; they are not complete and never co
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Collection
@@ -143,6 +144,27 @@ def parts_in_run(output_dir: Path) -> set[str]:
     root = checkpoints_root(output_dir)
     return {part for step in list_steps(root) for part in (TRAINER, ORCHESTRATOR)
             if has_checkpoint(output_dir, step, part)}
+
+
+def trained_a_step(output_dir: Path) -> bool:
+    """Whether the run in `output_dir` trained anything: weights or a checkpoint of a step, or a trainer (or sft)
+    line in metrics.jsonl."""
+    if list_steps(weights_root(output_dir)) or list_steps(checkpoints_root(output_dir)):
+        return True
+    try:
+        with open(metrics_file(output_dir), "rb") as metrics:
+            return any(_source(line) in ("trainer", "sft") for line in metrics)
+    except FileNotFoundError:
+        return False
+
+
+def _source(line: bytes) -> str | None:
+    """The `source` of a metrics.jsonl line (None for a torn or foreign line)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record.get("source") if isinstance(record, dict) else None
 
 
 def complete_steps(output_dir: Path, parts: Collection[str] | None = None) -> list[int]:

@@ -24,7 +24,7 @@ def rl_config(tmp_path, *extra):
 
 def test_existing_run_needs_resume_or_overwrite(tmp_path):
     config = rl_config(tmp_path)
-    (tmp_path / "run" / "weights").mkdir(parents=True)
+    (tmp_path / "run" / "weights" / "step_1").mkdir(parents=True)
     (tmp_path / "run" / MARKER).write_text("{}")
     with pytest.raises(ConfigError, match="already holds a run"):
         prepare_output_dir(config)
@@ -33,6 +33,29 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
     assert set(prepare_output_dir(rl_config(tmp_path, "--overwrite"))) == {config.output_dir / "weights",
                                                                            config.output_dir / MARKER}
     assert (tmp_path / "run" / "weights").exists()
+
+
+@pytest.mark.parametrize("trained", [None, "weights", "checkpoints", "trainer line"])
+def test_a_run_that_trained_no_step_is_replaced_without_overwrite(tmp_path, trained):
+    """Regression: a run that failed to start or was stopped before its first step needed --overwrite before the
+    same command could run again. It is replaced as --overwrite would (its configs, logs, orchestrator lines);
+    once any step trained, the run is kept and the command refused."""
+    run = tmp_path / "run"
+    for name in ("configs", "logs", "rollouts/step_0"):
+        (run / name).mkdir(parents=True)
+    (run / MARKER).write_text("{}")
+    lines = [{"step": 0, "source": "orchestrator", "x": 1.0}]
+    if trained == "trainer line":
+        lines.append({"step": 0, "source": "trainer", "x": 1.0})
+    elif trained is not None:
+        (run / trained / "step_1").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 1, "so')
+    if trained is None:
+        doomed = {p.name for p in prepare_output_dir(rl_config(tmp_path))}
+        assert doomed == {"configs", "logs", "rollouts", "metrics.jsonl", MARKER}
+    else:
+        with pytest.raises(ConfigError, match="already holds a run"):
+            prepare_output_dir(rl_config(tmp_path))
 
 
 def test_metrics_tail_reads_only_complete_lines(tmp_path):

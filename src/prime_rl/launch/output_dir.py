@@ -7,7 +7,8 @@ a run starts, fresh or resumed). The marker is the only proof that the run artif
 - a directory that does not exist, or is empty, starts a fresh run;
 - a directory that holds run artifacts needs `--ckpt.resume-step` (continue; checkpoints are
   what resume needs, so run directories made before the marker existed resume too) or
-  `--overwrite` (start over);
+  `--overwrite` (start over), unless it is a marked run that trained no step (it failed to start or
+  was stopped before its first step): that one is replaced as `--overwrite` would;
 - `--overwrite` deletes exactly `RUN_ARTIFACTS`, leftovers of interrupted writes of them
   (`.<name>.<random>.tmp`) and the marker, and keeps every other file. It refuses a directory
   that holds files but no marker (a folder prime-rl did not make, or a run from before the
@@ -31,7 +32,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from prime_rl.run_dir import MARKER, NODES, RUN_ARTIFACTS, RUN_LOCK, SLURM, run_lock_file
+from prime_rl.run_dir import MARKER, NODES, RUN_ARTIFACTS, RUN_LOCK, SLURM, run_lock_file, trained_a_step
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.fs import atomic_write_text
 
@@ -58,13 +59,16 @@ def plan(out: Path, overwrite: bool, resuming: bool) -> list[Path]:
         return []
     artifacts = [name for name in RUN_ARTIFACTS if name in entries]
     if not overwrite:
-        if artifacts:
+        if not artifacts:
+            return []
+        if MARKER not in entries or trained_a_step(out):
             raise ConfigError(
                 f"output dir {out} already holds a run ({', '.join(artifacts)}); continue it with "
                 "--ckpt.resume-step latest, replace it with --overwrite, or pick another --output-dir"
             )
-        return []
-    if MARKER not in entries:
+        # A marked run that trained no step (it failed to start, or was stopped before its first step): nothing to
+        # keep or resume, so it is replaced as --overwrite would.
+    elif MARKER not in entries:
         if not entries - {NODES, SLURM, RUN_LOCK}:  # only what a server node's rl, `rl --slurm.nodes` or the lock put there
             return []
         raise ConfigError(
