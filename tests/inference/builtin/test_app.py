@@ -56,12 +56,13 @@ def call(requests: list[tuple[str, str, dict | None]], engine=None) -> list[http
 
 
 def test_framework_and_engine_errors_are_json_and_other_requests_go_on():
-    boom, fine, missing, method, models = call([
+    boom, fine, missing, method, models, trace = call([
         ("POST", "/v1/completions", {"prompt": "boom", "max_tokens": 2}),
         ("POST", "/v1/completions", {"prompt": "fine", "max_tokens": 2}),
         ("GET", "/nowhere", None),
         ("PATCH", "/v1/chat/completions", None),
         ("GET", "/v1/models", None),
+        ("TRACE", "/health", None),
     ])
     assert boom.status_code == 500
     assert boom.json() == {"error": {"message": "internal server error (RuntimeError)", "type": "InternalServerError",
@@ -69,6 +70,8 @@ def test_framework_and_engine_errors_are_json_and_other_requests_go_on():
     assert fine.status_code == 200 and fine.json()["choices"][0]["text"] == ANSWER
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
     assert method.status_code == 405 and method.json()["error"]["code"] == 405
+    assert method.headers["allow"] == "POST"  # RFC 9110: a 405 says which methods the route takes
+    assert trace.status_code == 405 and trace.headers["allow"] == "GET"
     assert models.json()["data"][0]["id"] == "stub"
 
 

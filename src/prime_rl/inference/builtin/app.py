@@ -59,8 +59,8 @@ class HTTPError(Exception):
         self.status = status
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(error_payload(status, message), status_code=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_payload(status, message), status_code=status, headers=headers)
 
 
 def _validation_message(exc: ValidationError | RequestValidationError) -> str:
@@ -120,7 +120,7 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
 
     @app.exception_handler(StarletteHTTPException)
     async def _framework_error(_: Request, exc: StarletteHTTPException):  # unknown route (404), method (405)
-        return _error(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, str(exc.detail), exc.headers)  # a 405 keeps its Allow header
 
     @app.exception_handler(Exception)
     async def _internal_error(_: Request, exc: Exception):  # logged with its traceback by the server
