@@ -259,3 +259,18 @@ def test_in_flight_update_switches_running_choices_token_by_token(tiny_model_dir
     assert all(c["token_weight_steps"] == [5] * len(c["token_ids"]) for c in after.json()["choices"])
     assert drained.json() == {"weight_step": 6} and drained_response.json()["weight_step"] == 5
     assert all(c["token_weight_steps"] == [5] * len(c["token_ids"]) for c in drained_response.json()["choices"])
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_tokenized(route):
+    """A 4 MiB text prompt was tokenized in full (20 s, +1.6 GB) before the context check refused it. A token
+    covers at most as many characters as its longest string (13 for the char tokenizer's specials), so 4 MiB
+    of text cannot fit 64 tokens: a 400 without tokenizing, in well under a second."""
+    text = "a" * ((4 << 20) - 1024)  # just under the 4 MiB body limit
+    body = {"prompt": text} if route == "/v1/completions" else {"messages": [{"role": "user", "content": text}]}
+    start = time.perf_counter()
+    (answer,) = call([("POST", route, {**body, "max_tokens": 2})])
+    assert time.perf_counter() - start < 1.0
+    assert answer.status_code == 400, answer.text
+    assert "characters, so at least" in answer.json()["error"]["message"]
+    assert "exceeds the context length 64" in answer.json()["error"]["message"]
