@@ -119,7 +119,7 @@ def plan_run(loaded: RLConfig) -> RunPlan:
         teacher = teacher_server(config, server_port(config.inference.host, 0))
         config.orchestrator.teacher = config.teacher.model_copy(
             update={"base_url": f"http://{teacher.host}:{teacher.port}/v1"})
-    for name, server in (*servers.items(), ("teacher", teacher)):
+    for name, server in (*servers.items(), (TEACHER, teacher)):
         if server is not None and resolved_backend(server.backend) == "vllm" and not vllm_available():
             raise ConfigError(f"{name} server: {VLLM_MISSING}")
     config.orchestrator.trainer_world_size = config.trainer.num_processes * config.deployment.trainer_nodes

@@ -311,7 +311,7 @@ def test_middleware_refuses_what_is_not_strict_json_before_vllm_sees_it(raw, mes
 
 def test_launch_hands_the_policy_to_vllm_through_the_environment_never_argv(tmp_path, monkeypatch):
     execs = []
-    monkeypatch.setattr("prime_rl.inference.config.vllm_available", lambda: True)
+    monkeypatch.setattr(launch, "vllm_available", lambda: True)
     monkeypatch.setattr(launch.os, "execv", lambda exe, argv: execs.append(argv))
     monkeypatch.setattr(launch.os, "environ", {})
     config = InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "weight_dirs": [str(tmp_path / "w")],

@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from prime_rl.inference import config as inference_config
-from prime_rl.inference.config import KEEP_ALIVE_S, VLLM_MISSING, InferenceConfig
+from prime_rl.inference.config import KEEP_ALIVE_S, VLLM_MISSING, InferenceConfig, vllm_available
 from prime_rl.inference.policy import Policy
 from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV, TIMEOUT_ENV, TRANSFER_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
@@ -87,7 +86,7 @@ def transfer_env(config: InferenceConfig) -> dict[str, str]:
 
 def exec_vllm(config: InferenceConfig) -> None:
     """Replace this process by vLLM's server (never returns)."""
-    if not inference_config.vllm_available():
+    if not vllm_available():
         raise UserError(VLLM_MISSING)
     if config.port == 0:
         raise UserError("backend 'vllm' needs an explicit port (port = 0 is only supported by the builtin backend)")
