@@ -22,6 +22,38 @@ def tiny_model_dir(tmp_path_factory):
     return save_random_model(tmp_path_factory.mktemp("tiny_model"), seed=0, hidden_size=64, num_layers=2)
 
 
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir():
+    """The real Qwen3 tokenizer (151,669 tokens, thinking chat template), loadable by AutoTokenizer.from_pretrained."""
+    from tests.support.real_tokenizers import tokenizer_dir
+
+    return tokenizer_dir("qwen3")
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir():
+    """The real Meta Llama 3 Instruct tokenizer (128,256 tokens, `<|eot_id|>` chat template)."""
+    from tests.support.real_tokenizers import tokenizer_dir
+
+    return tokenizer_dir("llama3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tiny_model(tmp_path_factory):
+    """A random tiny Qwen3ForCausalLM (hidden 64, 2 layers, vocab 151,936, tied) + the real Qwen3 tokenizer, HF format."""
+    from tests.support.real_tokenizers import save_tiny_model
+
+    return save_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3_tiny_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def llama3_tiny_model(tmp_path_factory):
+    """A random tiny LlamaForCausalLM (hidden 64, 2 layers, vocab 128,256, untied) + the real Llama 3 tokenizer."""
+    from tests.support.real_tokenizers import save_tiny_model
+
+    return save_tiny_model("llama3", tmp_path_factory.mktemp("llama3_tiny_model"), seed=0)
+
+
 @pytest.fixture(autouse=True)
 def _no_prime_env(monkeypatch):
     """PRIME_* variables of the developer's shell must not leak into config tests."""

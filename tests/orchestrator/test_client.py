@@ -137,3 +137,19 @@ def test_the_sampling_rule_is_what_the_request_asks_for(monkeypatch, rule, field
     asyncio.run(InferenceClient(ClientConfig()).chat([{"role": "user", "content": "hi"}], 1, rule, 8))
     body = sent[0]
     assert {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in body} == fields
+
+
+def test_chat_template_kwargs_are_sent_only_when_set(monkeypatch):
+    sent = []
+
+    async def request(self, method, url, payload=None):
+        sent.append(payload)
+        return json.loads(GOOD)
+
+    monkeypatch.setattr(InferenceClient, "_request", request)
+    client = InferenceClient(ClientConfig())
+    messages = [{"role": "user", "content": "hi"}]
+    asyncio.run(client.chat(messages, 1, SamplingRule(), 8, template_kwargs={"enable_thinking": False}))
+    asyncio.run(client.chat(messages, 1, SamplingRule(), 8, template_kwargs={}))
+    assert sent[0]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in sent[1]  # a server that does not know the field never sees it

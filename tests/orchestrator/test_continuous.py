@@ -36,7 +36,7 @@ class DecodingServer:
         self.updates: list[tuple[int, bool, int]] = []  # (step, in_flight flag, requests decoding then)
         self.reported: list[list[int]] = []  # every completion's token_weight_steps, as answered
 
-    async def chat(self, messages, n, rule, max_tokens, seed=None):
+    async def chat(self, messages, n, rule, max_tokens, seed=None, template_kwargs=None):
         self.calls += 1
         stalls = self.calls == self.stall
         admitted = self.step
@@ -157,7 +157,7 @@ def test_continuous_mode_rejects_dynamic_sampling():
 class TiedServer(DecodingServer):
     """Every completion of a group is the same: every group's advantages are zero."""
 
-    async def chat(self, messages, n, rule, max_tokens, seed=None):
+    async def chat(self, messages, n, rule, max_tokens, seed=None, template_kwargs=None):
         result = await super().chat(messages, n, rule, max_tokens, seed)
         for completion in result.completions:
             completion.text = "same"
@@ -184,7 +184,7 @@ class EvalRecordingServer(DecodingServer):
         super().__init__()
         self.eval_steps: list[int] = []
 
-    async def chat(self, messages, n, rule, max_tokens, seed=None):
+    async def chat(self, messages, n, rule, max_tokens, seed=None, template_kwargs=None):
         if n == 1:
             self.eval_steps.append(self.step)
         return await super().chat(messages, n, rule, max_tokens, seed)

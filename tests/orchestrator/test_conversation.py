@@ -12,13 +12,13 @@ import pytest
 from prime_rl.envs.base import EnvReply, Example, MultiTurnEnvironment, Reward
 from prime_rl.orchestrator import rollouts
 from prime_rl.orchestrator.batch import Sample, pack_batch
-from prime_rl.orchestrator.chat_tokens import ChatTokens
 from prime_rl.orchestrator.client import ChatResult, Completion
 from prime_rl.orchestrator.config import EnvConfig
 from prime_rl.orchestrator.conversation import ConversationRunner
 from prime_rl.orchestrator.metrics import rollout_metrics
-from prime_rl.orchestrator.rollouts import Draw, EnvironmentFailed, generate_groups
+from prime_rl.orchestrator.rollouts import Draw, EnvironmentFailed, RolloutSettings, generate_groups
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
+from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.sampling_rule import SamplingRule
 
 TOKENIZER = build_char_tokenizer()
@@ -78,7 +78,8 @@ def run(texts, n=1, seq_len=512, max_tokens=16, env=None, **config):
     server = ScriptedServer(texts)
     runner = ConversationRunner(ChatTokens(TOKENIZER), seq_len)
     draw = Draw("tool-echo", env or ToolEcho(), EXAMPLE, EnvConfig(**{"respond_timeout_s": 0.3, **config}))
-    (group,) = asyncio.run(generate_groups(server, [draw], n, SamplingRule(), max_tokens, [7], conversations=runner))
+    settings = RolloutSettings(max_tokens)
+    (group,) = asyncio.run(generate_groups(server, [draw], n, SamplingRule(), settings, [7], runner))
     return server, group
 
 

@@ -84,3 +84,31 @@ def test_env_config_rejects_bad_failure_settings():
         EnvConfig(on_error="ignore")
     with pytest.raises(ValueError):
         EnvConfig(score_timeout_s=0)
+
+
+class PaddedIdClient:
+    """Answers with completion 1 holding a padded-row id (150) mid-way, as a server that samples every row of
+    the output embedding (vLLM) can; the tokenizer has 100 ids."""
+
+    async def chat(self, messages, n, rule, max_tokens, seed=None, template_kwargs=None):
+        completions = [Completion([5, 6, 7], [-0.1] * 3, "good", "stop", [0] * 3),
+                       Completion([5, 150, 7, 8], [-0.1] * 4, "good", "stop", [0] * 4)]
+        return ChatResult([1, 2], 0, completions[:n])
+
+
+def test_a_sampled_id_past_the_tokenizer_fails_its_rollout_alone(caplog, monkeypatch):
+    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    caplog.set_level(logging.WARNING)
+    draw = Draw("flaky", Flaky(), EXAMPLE, EnvConfig())
+    settings = rollouts.RolloutSettings(max_tokens=8, vocab=100)
+    (group,) = asyncio.run(rollouts.generate_groups(PaddedIdClient(), [draw], 2, None, settings, [0]))
+    assert group.rewards == [1.0, 0.0]
+    assert group.errors == [None, "the server sampled token id 150, past the tokenizer's 100 ids"]
+    kept, cut = group.result.completions
+    assert kept.token_ids == [5, 6, 7] and cut.token_ids == [5] and cut.logprobs == [-0.1] and cut.weight_steps == [0]
+    assert cut.truncated  # the cut rollout is not a finished answer
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "token id 150" in warning and "\n" not in warning
+    with pytest.raises(EnvironmentFailed, match="token id 150"):  # on_error = "fail" stops with that line
+        asyncio.run(rollouts.generate_groups(PaddedIdClient(), [Draw("flaky", Flaky(), EXAMPLE,
+                                             EnvConfig(on_error="fail"))], 2, None, settings, [0]))

@@ -21,7 +21,7 @@ class ScriptedClient:
         self.calls = 0
         self.truncate_last = truncate_last
 
-    async def chat(self, messages, n, rule, max_tokens, seed=None):
+    async def chat(self, messages, n, rule, max_tokens, seed=None, template_kwargs=None):
         self.calls += 1
         answer = messages[-1]["content"][::-1]
         mixed = self.calls % 2 == 1
@@ -29,7 +29,7 @@ class ScriptedClient:
         for j in range(n):
             text = answer if mixed and j % 2 == 0 else "#"
             reason = "length" if self.truncate_last and j == n - 1 else "stop"
-            ids = [ord(c) for c in text] + [2]
+            ids = [ord(c) % 90 for c in text] + [2]  # ids the char tokenizer has (the orchestrator checks)
             completions.append(Completion(ids, [-0.5] * len(ids), text, reason))
         return ChatResult([1] * 5, 0, completions)
 

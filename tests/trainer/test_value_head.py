@@ -68,7 +68,7 @@ def test_values_are_the_heads_output_at_t_minus_1_of_each_sample_alone(tiny_mode
 def fake_session(model, critic) -> SimpleNamespace:
     """What `train_on_batch` uses of a TrainSession (one process, no FSDP)."""
     return SimpleNamespace(model=model, critic=critic, backward=lambda loss: loss.backward(),
-                           dist=SimpleNamespace(device=torch.device("cpu")))
+                           dist=SimpleNamespace(device=torch.device("cpu")), sampled_vocab=None)
 
 
 def grads(*modules) -> list[torch.Tensor]:

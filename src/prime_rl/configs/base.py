@@ -11,16 +11,21 @@ Use `prime_rl.configs.cli.parse_config(MyConfig, argv)` to build one from the co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from prime_rl.configs.describe import optional_section
 from prime_rl.configs.strict import reject_misplaced_bools
 from prime_rl.configs.toml_io import deep_merge, read_toml
+
+if TYPE_CHECKING:
+    from prime_rl.configs.layers import Layer
 
 ENV_PREFIX = "PRIME_"
 ENV_NESTED_DELIMITER = "__"
@@ -37,6 +42,18 @@ _inside_entrypoint: ContextVar[bool] = ContextVar("_inside_entrypoint", default=
 # (inf/nan only where a field says Field(allow_inf_nan=True)), and a boolean only goes to an
 # on/off key (`prime_rl.configs.strict`).
 _STRICT = dict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False)
+NONE = "none"
+"""The word for None where a value is text (the command line, PRIME_* variables, a TOML file)."""
+
+
+def sections_off(cls: type[BaseModel], data: Any) -> Any:
+    """Model validator (mode 'before'): `none` turns an optional section off, `--init none` as `PRIME_INIT=none`
+    does (pydantic-settings reads `none` as None for the environment only); no section could take the text."""
+    if not isinstance(data, dict):
+        return data
+    off = [name for name, value in data.items()
+           if value == NONE and name in cls.model_fields and optional_section(cls.model_fields[name].annotation)]
+    return {**data, **dict.fromkeys(off)} if off else data
 
 
 class BaseConfig(BaseModel):
@@ -45,6 +62,7 @@ class BaseConfig(BaseModel):
     model_config = ConfigDict(**_STRICT)
 
     _no_misplaced_bools = model_validator(mode="before")(classmethod(reject_misplaced_bools))
+    _sections_off = model_validator(mode="before")(classmethod(sections_off))
 
 
 class _TomlFilesSource(PydanticBaseSettingsSource):
@@ -67,7 +85,7 @@ class EntrypointConfig(BaseSettings):
         **_STRICT,
         env_prefix=ENV_PREFIX,
         env_nested_delimiter=ENV_NESTED_DELIMITER,
-        env_parse_none_str="none",
+        env_parse_none_str=NONE,
     )
 
     # Set by subclasses: the command name shown in --help, and keys --help leaves out of
@@ -76,6 +94,7 @@ class EntrypointConfig(BaseSettings):
     help_hidden: ClassVar[tuple[str, ...]] = ()
 
     _no_misplaced_bools = model_validator(mode="before")(classmethod(reject_misplaced_bools))
+    _sections_off = model_validator(mode="before")(classmethod(sections_off))
 
     def check_consistency(self, prefix: str = "") -> None:
         """Rules that tie several keys (or files they name) together; raise ValueError naming `prefix` + key.
@@ -85,6 +104,13 @@ class EntrypointConfig(BaseSettings):
         its own: it gets `rl`'s shared keys only after validation, so `rl` runs it (with a
         prefix) once they are handed down.
         """
+
+    @classmethod
+    def settle_layers(cls, layers: Sequence[Layer]) -> tuple[dict[str, Any], list[str]]:
+        """Rules on which layer set a key, which the merged config cannot tell (`configs.layers`; `sft`'s
+        model.name against [init]): values to set over the command line's, and one-line notices to print.
+        A conflict raises ConfigError. Called by `configs.cli.build_config`; by default nothing."""
+        return {}, []
 
     @model_validator(mode="wrap")
     @classmethod

@@ -25,8 +25,9 @@ from pydantic_settings import SettingsError
 from prime_rl.configs.base import ENV_PREFIX, EntrypointConfig
 from prime_rl.configs.describe import describe_config, model_types, tag_of
 from prime_rl.configs.env_vars import unknown_env_vars
+from prime_rl.configs.layers import config_layers
 from prime_rl.configs.strict import check_bare_flags
-from prime_rl.configs.toml_io import dump_toml, read_toml
+from prime_rl.configs.toml_io import deep_merge, dump_toml, read_toml
 from prime_rl.utils.disk import as_disk_error
 from prime_rl.utils.errors import ConfigError, PrimeError
 
@@ -228,18 +229,23 @@ def render_help(config_cls: type[EntrypointConfig]) -> str:
 
 
 def build_config(config_cls: type[C], argv: Sequence[str]) -> tuple[C, ParsedArgs]:
-    """Parse argv and validate; warnings (ignored PRIME_* variables) go to stderr as one line each."""
+    """Parse argv and validate; warnings (ignored PRIME_* variables) and the notices of `settle_layers` (a layer's
+    value that a later layer set aside) go to stderr as one line each."""
     args = parse_args(argv)
     check_bare_flags(config_cls, args.bare_flags)
     for name in unknown_env_vars(config_cls, os.environ):
         print(f"warning: ignoring environment variable {name}: not a config key of {config_cls.command}", file=sys.stderr)
     check_layers(config_cls, args.toml_files)
     try:
-        return config_cls.build(args.toml_files, args.overrides), args
+        settled, notices = config_cls.settle_layers(config_layers(config_cls, args.toml_files, args.overrides))
+        config = config_cls.build(args.toml_files, deep_merge(args.overrides, settled))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, config_cls)) from None
     except SettingsError as exc:  # a PRIME_* variable for a section that is not JSON
         raise ConfigError(f"invalid {ENV_PREFIX}* environment variable: {exc}".replace("\n", " ")) from None
+    for notice in notices:
+        print(f"note: {notice}", file=sys.stderr)
+    return config, args
 
 
 def fail(message: str, code: int) -> typing.NoReturn:

@@ -43,6 +43,12 @@ def model_types(annotation: Any) -> list[type[BaseModel]]:
     return found
 
 
+def optional_section(annotation: Any) -> bool:
+    """Whether a field holds a section or None (`[init]`, `[lora]`): the kind `--init none` turns off."""
+    members = union_members(annotation)
+    return type(None) in members and any(isinstance(m, type) and issubclass(m, BaseModel) for m in members)
+
+
 def tag_of(model: type[BaseModel]) -> str | None:
     """The `type` literal of a discriminated-union variant."""
     field = model.model_fields.get("type")

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from prime_rl.configs.describe import model_types
+from prime_rl.configs.describe import model_types, optional_section
 from prime_rl.utils.errors import ConfigError
 
 _UNIONS = (typing.Union, types.UnionType)
@@ -102,8 +102,11 @@ def field_annotations(root: type[BaseModel], dotted: str) -> list[Any]:
 
 
 def check_bare_flags(root: type[BaseModel], flags: Iterable[str]) -> None:
-    """A bare `--key` (or `--no-key`) must name a boolean key; a known key of another type needs a value."""
+    """A bare `--key` (or `--no-key`) must name a boolean key; a known key of another type needs a value (an optional
+    section: `none`, to turn it off)."""
     for key in flags:
         annotations = field_annotations(root, key)
         if annotations and not any(admits_bool(a) for a in annotations):
+            if all(optional_section(a) for a in annotations):
+                raise ConfigError(f"option --{key} is a section, not an on/off flag: --{key} none turns it off")
             raise ConfigError(f"option --{key} needs a value (--{key} VALUE): it is not an on/off flag")

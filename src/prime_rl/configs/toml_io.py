@@ -14,13 +14,22 @@ from prime_rl.utils.fs import atomic_write_text
 INCLUDE_KEY = "include"
 
 
-def read_toml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_toml(path: Path) -> dict[str, Any]:
     """Parse one TOML file; a missing, unreadable, non-UTF-8 or malformed file is a `ConfigError` naming it.
 
     A top-level `include = "base.toml"` (or a list of files, paths relative to this file)
-    is read first and this file's values are merged over it, so a variant config can
+    is read first and this file's values are merged over them, so a variant config can
     state only what it changes.
     """
+    merged: dict[str, Any] = {}
+    for _, values in read_toml_layers(path):
+        merged = deep_merge(merged, values)
+    return merged
+
+
+def read_toml_layers(path: Path, _seen: tuple[Path, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
+    """The files `path` is made of, in the order `read_toml` merges them: each file it includes (the files those
+    include first), then `path` itself; each with its own values only (without `include`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -32,10 +41,8 @@ def read_toml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         includes = [includes]
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
         raise ConfigError(f"config file {path}: '{INCLUDE_KEY}' must be a file name or a list of file names")
-    merged: dict[str, Any] = {}
-    for name in includes:
-        merged = deep_merge(merged, read_toml(path.parent / name, (*_seen, path.resolve())))
-    return deep_merge(merged, data)
+    layers = [layer for name in includes for layer in read_toml_layers(path.parent / name, (*_seen, path.resolve()))]
+    return [*layers, (path, data)]
 
 
 def _parse(path: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from prime_rl.utils.chat_tokens import check_template_kwargs
 from prime_rl.utils.strict_json import finite_float, refuse_constant
 from prime_rl.utils.tool_calls import parse_arguments
 
@@ -114,8 +115,8 @@ class ChatMessage(BaseModel):
         return self
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as the chat template gets it: the keys the client sent (`content` always), arguments as
-        dicts."""
+        """The message as the chat template gets it: the keys the client sent (`content` always: null becomes ""
+        when rendered, `utils.chat_tokens.render_chat`), arguments as dicts."""
         return {"content": self.content, **self.model_dump(exclude_unset=True)}
 
 
@@ -180,6 +181,14 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
     tools: list[Tool] | None = None
     tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables for the chat template (vLLM's field), e.g. {"enable_thinking": false}; never a renderer argument
+    such as `chat_template` (a request cannot bring its own template)."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else check_template_kwargs(value)
 
     @field_validator("prompt_logprobs")
     @classmethod

@@ -30,7 +30,9 @@ Precedence, highest first: **CLI flags > `PRIME_*` environment variables > later
 earlier TOML files > defaults**. Tables merge key by key. Keys accept `-` or `_`. CLI values are
 read as TOML literals (`7`, `1e-5`, `true`, `[0, 1]`) and as plain strings otherwise.
 Booleans are `--flag` / `--no-flag`; in a section both `--no-trainer.runtime.compile` and
-`--trainer.runtime.no-compile` turn `trainer.runtime.compile` off.
+`--trainer.runtime.no-compile` turn `trainer.runtime.compile` off. An optional section (`[init]`,
+`[trainer.lora]`, ...) is turned off with `none`: `--init none`, `PRIME_INIT=none`, or `init = "none"` in
+a later file (`--no-init` is an error that says so).
 
 A TOML file may start with `include = "base.toml"` (or a list of files, relative to it): the
 included files are read first and the file's own values merged over them, so a variant states
@@ -51,6 +53,15 @@ leave room for a prompt in the model's context (`max_position_embeddings` of its
 the model is on this machine: embedded, a local directory, or in the Hugging Face cache) and, under
 `rl`, in `seq_len` and a set `inference.vllm.max_model_len`; `--overwrite` and `ckpt.resume_step`
 exclude each other.
+
+One rule looks at which layer set a key (the layers, lowest first: each TOML file, after the files it
+includes, then the `PRIME_*` variables, then the command line). `sft`'s `model.name` (load those weights)
+and `[init]` (build a random model) exclude each other: the one set in the later layer wins and one
+`note:` line names what is ignored, e.g. `uv run sft @ examples/reverse_text/sft.toml --model.name DIR`
+prints `note: --model.name DIR given: ignoring [init] from examples/reverse_text/sft.toml` and fine-tunes
+DIR. One layer that sets both (a file, the variables, or the flags) is an error, exit code 2, even where a
+later layer decides. `--dry-run` and `configs/sft.toml` leave `model.name` out beside `[init]`, so they
+load back.
 
 A `PRIME_*` variable that is no key of the command is an error when it is meant as one (a near miss
 such as `PRIME_MAX_STEPZ`, or an unknown key inside a section such as `PRIME_TRAINER__OPTIM__LRR`)

@@ -123,6 +123,8 @@ def plan_run(loaded: RLConfig) -> RunPlan:
         if server is not None and resolved_backend(server.backend) == "vllm" and not vllm_available():
             raise ConfigError(f"{name} server: {VLLM_MISSING}")
     config.orchestrator.trainer_world_size = config.trainer.num_processes * config.deployment.trainer_nodes
+    # vLLM samples every output row; the builtin server only the tokenizer's ids: the trainer scores the same set.
+    config.trainer.sampled_vocab = "model" if resolved_backend(config.inference.backend) == "vllm" else "tokenizer"
     devices = {TEACHER: inference_devices, "orchestrator": "", "trainer": trainer_devices,
                **dict(zip(policy_servers(config), server_devices, strict=True))}
     return RunPlan(config, recorded, owner, base, doomed, resumed, servers, teacher, devices, key_env)

@@ -228,9 +228,13 @@ class InferenceClient:
         return self.model
 
     async def chat(self, messages: list[dict[str, str]], n: int, rule: SamplingRule, max_tokens: int,
-                   seed: int | None = None) -> ChatResult:
-        """`n` completions of a chat prompt (the server applies the chat template)."""
-        return await self._generate("chat/completions", {"messages": messages}, n, rule, max_tokens, seed)
+                   seed: int | None = None, template_kwargs: dict[str, Any] | None = None) -> ChatResult:
+        """`n` completions of a chat prompt (the server applies the chat template, with `template_kwargs` as
+        `chat_template_kwargs`: vLLM and the builtin server take them)."""
+        prompt: dict[str, Any] = {"messages": messages}
+        if template_kwargs:
+            prompt["chat_template_kwargs"] = template_kwargs
+        return await self._generate("chat/completions", prompt, n, rule, max_tokens, seed)
 
     async def complete(self, prompt_ids: list[int], n: int, rule: SamplingRule, max_tokens: int,
                        seed: int | None = None) -> ChatResult:

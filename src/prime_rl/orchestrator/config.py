@@ -93,6 +93,19 @@ class EnvConfig(BaseConfig):
 MIN_TRAIN_TEMPERATURE = 1e-3
 
 
+class ReasoningConfig(BaseConfig):
+    """Reasoning blocks in completions (`orchestrator/reasoning.py`): a completion splits at `end_tag` into
+    reasoning and answer; the environment scores the answer, and rollout/reasoning_chars_mean and
+    rollout/unfinished_reasoning_frac are logged. A completion without the tags is all answer."""
+
+    parser: Literal["think", "none"] = "think"
+    """think: split at the tags below; none: the environment scores the whole completion text."""
+    start_tag: str = "<think>"
+    """Opens the reasoning (it may be in the generation prompt instead of the completion, as Qwen3's template puts it)."""
+    end_tag: Annotated[str, Field(min_length=1)] = "</think>"
+    """Closes the reasoning; the answer is what follows it."""
+
+
 class SamplingConfig(BaseConfig):
     """Sampling parameters of training rollouts."""
 
@@ -211,6 +224,12 @@ class OrchestratorConfig(RunConfig):
     rollouts_per_example: Annotated[int, Field(gt=0)] = 8
     """Completions per prompt (the group of group-relative advantages)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Variables for the chat template, e.g. {enable_thinking = false} (Qwen3): sent with every chat request (the
+    server renders the prompt: vLLM and the builtin server both take `chat_template_kwargs`) and used when
+    multi-turn rollouts render the turns themselves. Give SFT the same (`data.chat_template_kwargs`)."""
+    reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
+    """How a completion splits into reasoning and answer (`<think>` blocks): which part the reward scores."""
     """Sampling of training rollouts."""
     advantage: AdvantageConfig = Field(default_factory=GrpoAdvantageConfig)
     """How rewards become advantages (see docs/orchestrator.md)."""

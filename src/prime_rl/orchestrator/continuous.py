@@ -94,11 +94,10 @@ class ContinuousRollouts:
         task.add_done_callback(self.tasks.discard)
 
     async def one(self, draw: Draw, seed: int) -> None:
-        c = self.orch.config
-        s = c.sampling
         try:
-            (item,) = await generate_groups(self.orch.client, [draw], self.group_size, s.rule,
-                                            s.max_tokens, [seed], c.truncated_reward, self.orch.conversations)
+            (item,) = await generate_groups(self.orch.client, [draw], self.group_size, self.orch.config.sampling.rule,
+                                            self.orch.settings,
+                                            [seed], self.orch.conversations)
         except Exception as exc:  # raised by the batch that takes it
             item = exc
         self.in_flight -= 1

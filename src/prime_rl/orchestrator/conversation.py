@@ -30,9 +30,10 @@ import time
 from dataclasses import dataclass, field
 
 from prime_rl.envs.base import EnvReply, Rollout
-from prime_rl.orchestrator.chat_tokens import ChatTokens
 from prime_rl.orchestrator.client import ChatResult, Completion, InferenceClient
+from prime_rl.orchestrator.config import ReasoningConfig
 from prime_rl.orchestrator.rollouts import Draw, TurnStats, call_env, report_failure
+from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.sampling_rule import SamplingRule
 
@@ -66,12 +67,13 @@ class _Conversation:
     finish_reason: str = "stop"
     error: str | None = None
 
-    def add_turn(self, completion: Completion) -> None:
+    def add_turn(self, completion: Completion, reasoning: ReasoningConfig | None = None) -> None:
         self.token_ids += completion.token_ids
         self.logprobs += completion.logprobs
         self.mask += [True] * len(completion.token_ids)
         self.weight_steps += completion.weight_steps
-        self.messages.append({"role": "assistant", "content": completion.text})
+        # The environment sees the turn's answer; its tokens stay as sampled, reasoning included.
+        self.messages.append({"role": "assistant", "content": self.stats.add_split(completion.text, reasoning)})
         self.finish_reason = completion.finish_reason
         self.stats.turns += 1
         self.stats.sampled_tokens += len(completion.token_ids)
@@ -91,9 +93,10 @@ class _Conversation:
 class ConversationRunner:
     """Runs the rollouts of multi-turn environments against the server (see the module docstring)."""
 
-    def __init__(self, chat_tokens: ChatTokens, seq_len: int):
+    def __init__(self, chat_tokens: ChatTokens, seq_len: int, reasoning: ReasoningConfig | None = None):
         self.chat_tokens = chat_tokens
         self.seq_len = seq_len
+        self.reasoning = reasoning  # the environment sees each turn's answer (`orchestrator/reasoning.py`)
 
     async def run_group(self, client: InferenceClient, draw: Draw, n: int, rule: SamplingRule,
                         max_tokens: int, seed: int | None
@@ -124,7 +127,7 @@ class ConversationRunner:
         state = env.initial_state(example)
         conv = _Conversation()
         while True:
-            conv.add_turn(completion)
+            conv.add_turn(completion, self.reasoning)
             if completion.finish_reason == "length" or conv.stats.turns >= max_turns:
                 break
             start = time.monotonic()

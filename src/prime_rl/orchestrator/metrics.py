@@ -69,6 +69,8 @@ def turn_metrics(groups: list[Group]) -> dict[str, float]:
         "rollout/turns_mean": sum(s.turns for s in stats) / n,
         "rollout/tool_calls_mean": sum(s.tool_calls for s in stats) / n,
         "rollout/context_truncated_frac": sum(s.context_truncated for s in stats) / n,
+        "rollout/reasoning_chars_mean": sum(s.reasoning_chars for s in stats) / n,
+        "rollout/unfinished_reasoning_frac": sum(s.unfinished_reasoning for s in stats) / n,
         "rollout/env_response_s": sum(s.env_s for s in stats) / max(sum(s.env_calls for s in stats), 1),
         "rollout/sampled_token_frac": sampled / max(sampled + env, 1),
         "seq_len/sampled_per_turn": sampled / turns,

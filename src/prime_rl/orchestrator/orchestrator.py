@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,7 +32,6 @@ from prime_rl.envs import load_env
 from prime_rl.monitor import Monitor
 from prime_rl.orchestrator.advantage import compute_advantages, zero_groups
 from prime_rl.orchestrator.batch import Sample, pack_batch
-from prime_rl.orchestrator.chat_tokens import ChatTokens
 from prime_rl.orchestrator.ckpt import (
     OrchestratorState,
     load_state,
@@ -45,15 +44,24 @@ from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.continuous import ContinuousRollouts
 from prime_rl.orchestrator.conversation import ConversationRunner
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
-from prime_rl.orchestrator.rollouts import Draw, ExampleSource, Group, generate_groups, request_seed
+from prime_rl.orchestrator.rollouts import (
+    Draw,
+    ExampleSource,
+    Group,
+    RolloutSettings,
+    generate_groups,
+    request_seed,
+)
 from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.orchestrator.teacher import Teacher
 from prime_rl.orchestrator.weight_sync import WeightSync
 from prime_rl.run_dir import resolve_resume_step, rollouts_root
 from prime_rl.utils.batch_format import write_step
+from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
 from prime_rl.utils.sampling_rule import SamplingRule
+from prime_rl.utils.vocabulary import local_tokenizer_vocab
 
 EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
 CONSOLE_KEYS = ("reward/mean", "advantage/std", "rollout/filtered_frac", "async/policy_lag_mean", "perf/step_time_s")
@@ -93,6 +101,11 @@ class Orchestrator:
                                trusted_upto=state.step, in_flight=continuous)
         self.continuous = ContinuousRollouts(self) if continuous else None
         self.conversations = self._conversations()
+        # Sampled ids past the tokenizer's fail their rollout (`rollouts.cut_unsampleable`).
+        self.settings = RolloutSettings(
+            config.sampling.max_tokens, config.truncated_reward,
+            local_tokenizer_vocab(config.model.path, config.model.trust_remote_code),
+            config.chat_template_kwargs, config.reasoning)
         self.eval_draws = self._eval_draws() if config.eval.interval else []
         self.generation_s = 0.0
         self.generated_tokens = 0
@@ -102,7 +115,8 @@ class Orchestrator:
         if not any(env.multi_turn for env in self.source.envs.values()):
             return None
         model = self.config.model
-        return ConversationRunner(ChatTokens.load(model.path, model.trust_remote_code), self.config.seq_len)
+        chat_tokens = ChatTokens.load(model.path, model.trust_remote_code, self.config.chat_template_kwargs)
+        return ConversationRunner(chat_tokens, self.config.seq_len, self.config.reasoning)
 
     def _eval_draws(self) -> list[Draw]:
         draws = []
@@ -117,8 +131,8 @@ class Orchestrator:
         s = self.config.sampling
         seeds = [request_seed(self.config.seed, step, first_index + i) for i in range(len(draws))]
         start = time.monotonic()
-        groups = await generate_groups(self.client, draws, self.config.rollouts_per_example, s.rule,
-                                       s.max_tokens, seeds, self.config.truncated_reward, self.conversations)
+        groups = await generate_groups(self.client, draws, self.config.rollouts_per_example, s.rule, self.settings,
+                                       seeds, self.conversations)
         self.generation_s += time.monotonic() - start
         self.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.result.completions)
         return groups
@@ -127,7 +141,7 @@ class Orchestrator:
         e = self.config.eval
         seeds = [request_seed(self.config.seed + EVAL_SEED_OFFSET, 0, i) for i in range(len(self.eval_draws))]
         groups = await generate_groups(self.client, self.eval_draws, e.rollouts, SamplingRule(e.temperature),
-                                       self.config.sampling.max_tokens, seeds, conversations=self.conversations)
+                                       replace(self.settings, truncated_reward=None), seeds, self.conversations)
         metrics = eval_metrics(groups, e.success_threshold)
         log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         return metrics

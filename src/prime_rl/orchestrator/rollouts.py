@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from prime_rl.envs import Environment, Example, Reward, load_env
 from prime_rl.envs.base import Rollout
 from prime_rl.orchestrator.client import ChatResult, InferenceClient
-from prime_rl.orchestrator.config import EnvConfig
+from prime_rl.orchestrator.config import EnvConfig, ReasoningConfig
+from prime_rl.orchestrator.reasoning import split_reasoning
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 from prime_rl.utils.sampling_rule import SamplingRule
@@ -54,6 +55,29 @@ class TurnStats:
     env_calls: int = 0  # `respond` calls
     env_s: float = 0.0  # seconds spent in them
     context_truncated: bool = False  # ended because the next turn would not fit seq_len
+    reasoning_chars: int = 0  # characters of reasoning (`orchestrator/reasoning.py`) over its turns
+    unfinished_reasoning: bool = False  # its last turn opened a reasoning block and never closed it
+
+    def add_split(self, text: str, reasoning: ReasoningConfig | None) -> str:
+        """Count `text`'s reasoning (under `reasoning`, None: no parser) and return what the environment sees:
+        the answer, or all of `text` without a parser."""
+        if reasoning is None or reasoning.parser == "none":
+            return text
+        split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag)
+        self.reasoning_chars += len(split.reasoning or "")
+        self.unfinished_reasoning = split.unfinished
+        return split.answer
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What every rollout of a run shares beyond its sampling rule."""
+
+    max_tokens: int
+    truncated_reward: float | None = None  # the reward of a truncated rollout (None: its score)
+    vocab: int | None = None  # sampled ids past it fail their rollout (`cut_unsampleable`); None: unchecked
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat template variables, sent with chat requests
+    reasoning: ReasoningConfig | None = None  # how a completion splits into reasoning and answer; None: no split
 
 
 @dataclass
@@ -183,13 +207,15 @@ async def score_rollouts(draw: Draw, rollouts: list[Rollout], failed: list[str |
 
 async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | None = None,
                       rollouts: list[Rollout] | None = None, stats: list[TurnStats] | None = None,
-                      failed: list[str | None] | None = None) -> Group:
+                      failed: list[str | None] | None = None, reasoning: ReasoningConfig | None = None) -> Group:
     """Score every rollout with the environment; a truncated one gets `truncated_reward` if set. Without
-    `rollouts` (single-turn) each completion is a one-message conversation."""
+    `rollouts` (single-turn) each completion is a one-message conversation holding its answer (`reasoning`:
+    the text after its reasoning block; None: all of it)."""
     completions = result.completions
     if rollouts is None:
-        rollouts = [Rollout([{"role": "assistant", "content": c.text}], c.truncated) for c in completions]
         stats = [TurnStats(sampled_tokens=len(c.token_ids)) for c in completions]
+        rollouts = [Rollout([{"role": "assistant", "content": s.add_split(c.text, reasoning)}], c.truncated)
+                    for c, s in zip(completions, stats, strict=True)]
     rewards, errors = await score_rollouts(draw, rollouts, failed or [None] * len(rollouts))
     totals = [
         truncated_reward if truncated_reward is not None and c.truncated else r.total
@@ -198,20 +224,43 @@ async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | 
     return Group(draw.env, draw.example, result, totals, [r.components for r in rewards], errors, list(stats))
 
 
-async def generate_groups(client: InferenceClient, draws: list[Draw], n: int, rule: SamplingRule, max_tokens: int,
-                          seeds: list[int | None], truncated_reward: float | None = None,
+def cut_unsampleable(draw: Draw, result: ChatResult, vocab: int | None, failed: list[str | None]) -> list[str | None]:
+    """Cut every completion at its first token id >= `vocab` (the tokenizer's ids, `utils.vocabulary`: a padded
+    row of the output embedding that a server sampled; vLLM does not mask them) and fail that rollout alone
+    (`report_failure`: reward 0), so no trainer ever scores an id outside the sampled vocabulary."""
+    if vocab is None:
+        return failed
+    failed = list(failed)
+    for i, c in enumerate(result.completions):
+        bad = next((k for k, t in enumerate(c.token_ids) if not 0 <= t < vocab), None)
+        if bad is None:
+            continue
+        why = f"the server sampled token id {c.token_ids[bad]}, past the tokenizer's {vocab} ids"
+        c.token_ids, c.logprobs, c.weight_steps = c.token_ids[:bad], c.logprobs[:bad], c.weight_steps[:bad]
+        c.mask = None if c.mask is None else c.mask[:bad]
+        c.finish_reason = "length"
+        failed[i] = failed[i] or report_failure(draw, why)
+    return failed
+
+
+async def generate_groups(client: InferenceClient, draws: list[Draw], n: int, rule: SamplingRule,
+                          settings: RolloutSettings, seeds: list[int | None],
                           conversations: ConversationRunner | None = None) -> list[Group]:
     """Ask for `n` rollouts of every draw (bounded by the client's concurrency) and score them. A multi-turn
-    environment's draws run through `conversations` (token in, token out); the others are one chat request."""
+    environment's draws run through `conversations` (token in, token out); the others are one chat request.
+    A completion holding an id past `settings.vocab` is cut there and fails alone (`cut_unsampleable`)."""
 
     async def one(draw: Draw, seed: int | None) -> Group:
         if draw.environment.multi_turn:
             if conversations is None:
                 raise UserError(f"environment '{draw.env}' is multi-turn, but no conversation runner was set up")
             result, rollouts, stats, failed = await conversations.run_group(
-                client, draw, n, rule, max_tokens, seed)
-            return await score_group(draw, result, truncated_reward, rollouts, stats, failed)
-        result = await client.chat(draw.example.prompt, n, rule, max_tokens, seed)
-        return await score_group(draw, result, truncated_reward)
+                client, draw, n, rule, settings.max_tokens, seed)
+            failed = cut_unsampleable(draw, result, settings.vocab, failed)
+            return await score_group(draw, result, settings.truncated_reward, rollouts, stats, failed)
+        result = await client.chat(draw.example.prompt, n, rule, settings.max_tokens, seed,
+                                   template_kwargs=settings.template_kwargs)
+        failed = cut_unsampleable(draw, result, settings.vocab, [None] * len(result.completions))
+        return await score_group(draw, result, settings.truncated_reward, failed=failed, reasoning=settings.reasoning)
 
     return list(await asyncio.gather(*(one(d, s) for d, s in zip(draws, seeds, strict=True))))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
-from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.base import NONE, BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
 from prime_rl.configs.shared import CkptConfig, RunConfig, WeightTransferConfig
+from prime_rl.utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from prime_rl.configs.layers import Layer
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -66,6 +71,29 @@ class ModelInitConfig(BaseConfig):
     """Tokenizer directory, or 'char' for the built-in character-level tokenizer with a ChatML template."""
     overrides: dict[str, Any] = Field(default_factory=dict)
     """Config fields to override, e.g. {hidden_size = 128, num_hidden_layers = 4}."""
+
+
+def settle_init(layers: Sequence[Layer]) -> tuple[dict[str, Any], list[str]]:
+    """Where the model starts when layers disagree: `model.name` (its weights) or `[init]` (random weights).
+
+    The later layer wins (`configs.layers`: TOML files in order, the files each includes before it, the PRIME_*
+    variables, the command line): `sft @ sft.toml --model.name DIR` drops the file's [init]; [init] after a
+    model.name leaves it unused. Either way one notice names what is ignored. One layer setting both is a
+    ConfigError, whatever later layers say, as `configs.cli.check_layers` judges a file's values on their own
+    (a resolved config does not write model.name beside [init]). `init = "none"` is no [init].
+    """
+    for layer in layers:
+        if layer.sets("model.name") and layer.sets("init") and layer.get("init") not in (None, NONE):
+            raise ConfigError(f"model.name and [init] both come from {layer.where}: keep one (model.name loads that "
+                              "model's weights, [init] builds a random model)")
+    named = [i for i, layer in enumerate(layers) if layer.sets("model.name")]
+    inits = [i for i, layer in enumerate(layers) if layer.sets("init")]
+    if not named or not inits or layers[inits[-1]].get("init") in (None, NONE):
+        return {}, []
+    name, init = layers[named[-1]], layers[inits[-1]]
+    if named[-1] > inits[-1]:
+        return {"init": None}, [f"{name.spell('model.name')} given: ignoring [init] from {init.where}"]
+    return {}, [f"[init] from {init.where} builds a random model: ignoring {name.spell('model.name')}"]
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -145,6 +173,10 @@ class TrainerConfig(TrainingConfig):
     """Score tokens under the sampler's truncation (the batch's top_k, top_p, min_p applied to the trainer's own
     logits, renormalised), so the importance ratio is exactly 1 on-policy; false: the full softmax, whose ratio is
     wrong on every token whenever the sampler truncates (see docs/losses.md, "Truncated sampling")."""
+    sampled_vocab: Literal["tokenizer", "model"] = "tokenizer"
+    """The ids the inference server samples from, which the trainer scores over: "tokenizer" (the builtin server:
+    never an output row past the tokenizer's ids, e.g. Qwen3's 267 padded rows) or "model" (vLLM: every row of
+    the output embedding). `rl` sets it from inference.backend; see docs/inference.md, "Padded vocabularies"."""
     advantage: AdvantageConfig = Field(default_factory=GrpoAdvantageConfig)
     """The advantage type (`rl` hands down orchestrator.advantage); the trainer computes only the token-level
     types (reinforce_plus_plus, gae) itself, from the batch's rewards."""

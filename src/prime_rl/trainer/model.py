@@ -20,7 +20,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from prime_rl.configs.shared import ModelConfig
 from prime_rl.trainer.attention_layout import ForwardLayout, Row, flash_layout, padded_layout
 from prime_rl.trainer.config import ModelInitConfig, RuntimeConfig
+from prime_rl.trainer.lm_head import token_stats_head
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.lm_head import head_output_is_logits
 from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
 
 
@@ -158,10 +160,21 @@ def forward_rows(model: nn.Module, rows: list[Row], pad_id: int = 0,
     logits_t = lm_head(h_t)), captured by a forward pre-hook; Hugging Face's causal LMs apply
     `logits_to_keep` to h before lm_head, so h and the logits come at the same positions and are mapped
     to row order alike (`layout.index`)."""
+    layout = _layout(model, rows, pad_id)
+    out, captured = _forward_layout(model, layout, hidden)
+    return _in_row_order(out, layout), (_in_row_order(captured, layout) if hidden else None)
+
+
+def _layout(model: nn.Module, rows: list[Row], pad_id: int) -> ForwardLayout:
     attn = getattr(model.config, "_attn_implementation", None)
-    layout = flash_layout(rows) if attn == "flash_attention_2" else padded_layout(rows, pad_id)
+    return flash_layout(rows) if attn == "flash_attention_2" else padded_layout(rows, pad_id)
+
+
+def _forward_layout(model: nn.Module, layout: ForwardLayout, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the model's output per layout position, the output embedding's input there with `hidden`)."""
     mask = layout.attention_mask
-    if attn == "eager":  # eager attention adds the mask to the scores: a bool mask would add 1, not -inf
+    if getattr(model.config, "_attn_implementation", None) == "eager":
+        # eager attention adds the mask to the scores: a bool mask would add 1, not -inf
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
     keep = {} if layout.keep is None else {"logits_to_keep": layout.keep}
@@ -178,7 +191,7 @@ def forward_rows(model: nn.Module, rows: list[Row], pad_id: int = 0,
     finally:
         if hook is not None:
             hook.remove()
-    return _in_row_order(out.logits, layout), (_in_row_order(captured[-1], layout) if hidden else None)
+    return out.logits, (captured[-1] if hidden else None)
 
 
 def _in_row_order(per_position: torch.Tensor, layout: ForwardLayout) -> list[torch.Tensor]:
@@ -226,12 +239,14 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, sample_lens: t
     logprob the rule allows (joining K_t) instead of log 0 = -inf, which would make every loss NaN.
     The set is not differentiated through (a step function); the renormalisation is.
 
+    Ids from `rule.vocab` on (the padded rows past the tokenizer) are never sampled: their logits are left out.
+
     H[t] = -sum_v q_v log q_v of that same distribution q (the truncated one when truncating). Both lp
     and H are 0 where nothing predicts token t: every segment's first token, whose logits row belongs to
     the previous segment. With `entropies=False` the entropy (a second pass over the vocabulary) is
     skipped and None.
     """
-    scaled = logits[:-1] / rule.temperature
+    scaled = (logits[:-1] if rule.vocab is None else logits[:-1, :rule.vocab]) / rule.temperature
     targets = input_ids[1:, None]
     kept = None
     if rule.truncates:
@@ -262,9 +277,7 @@ def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: to
 def compute_rows_logprobs(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingRule(), pad_id: int = 0,
                           entropies: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """`compute_logprobs` of several packed rows `(input_ids, position_ids, sample_lens)` in one forward."""
-    rows = on_model_device(model, rows)
-    logits = forward_rows_logits(model, rows, pad_id)
-    return [token_logprobs(lg, ids, lens, rule, entropies) for lg, (ids, _, lens) in zip(logits, rows, strict=True)]
+    return score_rows(model, rows, rule, pad_id, entropies)[0]
 
 
 def compute_logprobs_and_hidden(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -272,9 +285,50 @@ def compute_logprobs_and_hidden(model: nn.Module, input_ids: torch.Tensor, posit
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`compute_logprobs` of a packed row and its final hidden states [T, H] (float32) from the same forward
     (`forward_rows`: the input of lm_head, position t in row order)."""
-    ((ids, pos, lens),) = on_model_device(model, [(input_ids, position_ids, sample_lens)])
-    (logits,), (hidden,) = forward_rows(model, [(ids, pos, lens)], hidden=True)
-    return *token_logprobs(logits, ids, lens, rule), hidden
+    ((lp, ent),), (hidden,) = score_rows(model, [(input_ids, position_ids, sample_lens)], rule, hidden=True)
+    return lp, ent, hidden
+
+
+def score_rows(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingRule(), pad_id: int = 0,
+               entropies: bool = True, hidden: bool = False
+               ) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[torch.Tensor] | None]:
+    """((lp, H) per row as `token_logprobs` defines them, final hidden states per row with `hidden`) of packed
+    rows in one forward. Where the model allows (`utils.lm_head.head_output_is_logits`) the output embedding answers
+    (lp, H) per position in chunks of tokens and no [tokens, vocab] logits exist (`trainer.lm_head`); else the
+    full logits are scored."""
+    rows = on_model_device(model, rows)
+    _check_sampled_vocabulary(rows, rule)
+    if not head_output_is_logits(model):
+        logits, hiddens = forward_rows(model, rows, pad_id, hidden)
+        scored = [token_logprobs(lg, ids, lens, rule, entropies) for lg, (ids, _, lens) in zip(logits, rows, strict=True)]
+        return scored, hiddens
+    layout = _layout(model, rows, pad_id)
+    targets = torch.zeros(_num_outputs(layout), dtype=torch.long, device=layout.input_ids.device)
+    for (ids, _, _), index in zip(rows, layout.index, strict=True):
+        targets[index[:-1]] = ids[1:]  # position t predicts token t + 1 of its row (masked at segment starts)
+    with token_stats_head(model, targets, rule, entropies):
+        out, captured = _forward_layout(model, layout, hidden)
+    scored = []
+    for stats, (ids, _, lens) in zip(_in_row_order(out, layout), rows, strict=True):
+        starts = segment_starts(lens, int(ids.numel()))
+        lp, ent = (torch.cat([stats.new_zeros(1), stats[:-1, k]]).masked_fill(starts, 0.0) for k in (0, 1))
+        scored.append((lp, ent if entropies else None))
+    return scored, (_in_row_order(captured, layout) if hidden else None)
+
+
+def _num_outputs(layout: ForwardLayout) -> int:
+    """How many positions the forward answers for: B * W, or len(keep)."""
+    return layout.input_ids.numel() if layout.keep is None else layout.keep.numel()
+
+
+def _check_sampled_vocabulary(rows: list[Row], rule: SamplingRule) -> None:
+    """Every token must be one the sampler could draw (`rule.vocab`): a padded row's id has no logprob."""
+    if rule.vocab is None:
+        return
+    top = max(int(ids.max()) for ids, _, _ in rows if ids.numel())
+    if top >= rule.vocab:
+        raise UserError(f"token id {top} is past the sampled vocabulary ({rule.vocab} ids, the tokenizer's): "
+                        "the batch holds an id no server may sample")
 
 
 def on_model_device(model: nn.Module, rows: list[Row]) -> list[Row]:

@@ -28,6 +28,7 @@ from prime_rl.trainer.value_head import ValueHead
 from prime_rl.trainer.weights import send_weights, write_weights
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
+from prime_rl.utils.vocabulary import tokenizer_vocab
 from prime_rl.utils.weight_transfer import open_group
 
 
@@ -58,6 +59,9 @@ class TrainSession:
         random.seed(config.seed + self.dist.rank)
 
         self.tokenizer = load_tokenizer(config.model, init)
+        # The ids the server samples (`utils.vocabulary`); the SFT config has no server: the tokenizer's.
+        by_tokenizer = getattr(config, "sampled_vocab", "tokenizer") == "tokenizer"
+        self.sampled_vocab = tokenizer_vocab(self.tokenizer) if by_tokenizer else None
         net = load_model(config.model, config.runtime, self.dist.device, init, self.tokenizer, seed=config.seed)
         self.lora = None
         if config.lora is not None:

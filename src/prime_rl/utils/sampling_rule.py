@@ -18,6 +18,11 @@ kept set K:
     log q(v) = s_v - logsumexp_{u in K} s_u      (v in K; -inf outside)
 
 With no truncation (top_k = -1, top_p = 1, min_p = 0) q = p and log q = log_softmax(s).
+
+`vocab` restricts everything above to the ids [0, vocab): the tokenizer's ids. Models pad their output
+embedding past the tokenizer (Qwen3: 151,936 rows for 151,669 ids) and a padded row has a logit like any
+other, so without the restriction a sampler can draw an id no tokenizer can decode or accept back as a
+prompt. The builtin server and the trainer both leave those logits out (p is a softmax over [0, vocab)).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class SamplingRule:
     top_k: int = -1  # -1 (or 0, or >= the vocabulary): off
     top_p: float = 1.0  # 1: off
     min_p: float = 0.0  # 0: off
+    vocab: int | None = None  # ids that can be sampled, [0, vocab): the tokenizer's; None: every logit
 
     @property
     def truncates(self) -> bool:

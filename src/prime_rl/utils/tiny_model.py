@@ -14,10 +14,12 @@ from prime_rl.utils.char_tokenizer import build_char_tokenizer
 
 
 def tiny_qwen3_config(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128, num_layers: int = 4,
-                      num_heads: int = 4, num_kv_heads: int = 2, max_position_embeddings: int = 512) -> Qwen3Config:
-    """A small Qwen3 config sized for `tokenizer` (defaults: ~0.8M parameters with the char tokenizer)."""
+                      num_heads: int = 4, num_kv_heads: int = 2, max_position_embeddings: int = 512,
+                      vocab_size: int | None = None) -> Qwen3Config:
+    """A small Qwen3 config sized for `tokenizer` (defaults: ~0.8M parameters with the char tokenizer); a
+    `vocab_size` above the tokenizer's pads the embeddings as real models do (rows no token id names)."""
     return Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=max(vocab_size or 0, len(tokenizer)),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 3,
         num_hidden_layers=num_layers,

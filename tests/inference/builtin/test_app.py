@@ -27,6 +27,7 @@ class StubEngine:
     """Answers ANSWER to every prompt, except prompts starting with "boom", whose future fails."""
 
     tokenizer = build_char_tokenizer()
+    vocab = len(tokenizer)
     context_len = 64
     alive = True
 
@@ -274,3 +275,82 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_tokenized(rou
     assert answer.status_code == 400, answer.text
     assert "characters, so at least" in answer.json()["error"]["message"]
     assert "exceeds the context length 64" in answer.json()["error"]["message"]
+
+
+THINKING_TEMPLATE = (  # a variable of the template, as Qwen3's `enable_thinking`; `content` tested as text
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}"
+    "{% if 'x' in m['content'] %}{{ '[has x]' }}{% endif %}{{ m['content'] }}"
+    "{% for c in m['tool_calls'] or [] %}{{ c['function']['name'] }}{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '(no thinking)' }}{% endif %}{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template_and_null_content_renders_as_empty():
+    engine = ScriptedEngine("ok")
+    engine.tokenizer.chat_template = THINKING_TEMPLATE
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    requests = [("POST", "/v1/chat/completions", {"messages": messages, "chat_template_kwargs": kwargs})
+                for kwargs in ({"enable_thinking": False}, None)]
+    responses = call(requests, engine)
+    assert [r.status_code for r in responses] == [200, 200], responses[0].text
+    turns = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nf<|im_end|>\n<|im_start|>assistant\n"
+    assert sorted(engine.prompts) == [turns, turns + "(no thinking)"]  # the requests run concurrently
+
+
+@pytest.mark.parametrize("kwargs", [{"chat_template": "{{ 'mine' }}"}, {"tokenize": True}, {"add_generation_prompt": False}])
+def test_chat_template_kwargs_cannot_set_renderer_arguments(kwargs):
+    engine = ScriptedEngine("ok")
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs}
+    (response,) = call([("POST", "/v1/chat/completions", body)], engine)
+    assert response.status_code == 400
+    assert f"may not set {next(iter(kwargs))}" in response.json()["error"]["message"]
+    assert engine.prompts == []
+
+
+def test_a_tool_call_history_is_refused_when_the_template_drops_the_calls():
+    engine = ScriptedEngine("ok")
+    engine.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] + ':' + (m['content'] or '') }}{% endfor %}"
+    call_message = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    plain = {"messages": [{"role": "user", "content": "hi"}]}
+    with_calls = {"messages": [{"role": "user", "content": "hi"}, call_message, {"role": "tool", "content": "1"}]}
+    refused, served = call([("POST", "/v1/chat/completions", with_calls), ("POST", "/v1/chat/completions", plain)],
+                           engine)
+    assert served.status_code == 200
+    assert refused.status_code == 400 and "does not render assistant tool_calls" in refused.json()["error"]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_the_openai_clients_tool_call_history_round_trips_or_is_refused_in_one_line(request, name):
+    """The history an OpenAI client sends after a tool call (assistant `content: null` + `tool_calls` with JSON
+    string arguments, then the tool's answer) renders with Qwen3's template; Llama 3's template has no tool calls
+    and would drop them silently, so the server refuses it with one line."""
+    import openai
+
+    from prime_rl.inference.builtin.engine import Engine
+
+    engine = Engine(str(request.getfixturevalue(f"{name}_tiny_model")), context_len=512, seed=0)
+    app = create_app(engine, "tiny", WeightGate())
+    call_0 = {"id": "call_0", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 12, "b": 34}'}}
+    history = [{"role": "user", "content": "12*34?"}, {"role": "assistant", "content": None, "tool_calls": [call_0]},
+               {"role": "tool", "tool_call_id": "call_0", "content": "408"}]
+
+    async def go():
+        async with client_of(app) as http:
+            client = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="none", http_client=http)
+            return await client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=4,
+                                                        extra_body={"return_token_ids": True})
+    try:
+        if name == "llama3":
+            with pytest.raises(openai.BadRequestError, match="does not render assistant tool_calls"):
+                asyncio.run(go())
+            return
+        response = asyncio.run(go())
+    finally:
+        engine.close()
+    prompt = engine.tokenizer.decode(response.model_extra["prompt_token_ids"])
+    assert '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>' in prompt
+    assert prompt.endswith("<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n")

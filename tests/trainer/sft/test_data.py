@@ -119,3 +119,67 @@ def test_config_needs_exactly_one_source():
         SFTDataConfig(path="x.jsonl", env="reverse-text")
     with pytest.raises(ValueError, match="needs data.env"):
         SFTConfig(data=SFTDataConfig(path="x.jsonl"), eval={"interval": 5})
+
+
+def trained_runs(tokenizer, sample) -> list[str]:
+    """The decoded runs of trained tokens, in order."""
+    runs, current = [], []
+    for token, trained in zip(sample.input_ids, sample.loss_mask, strict=True):
+        if trained:
+            current.append(token)
+        elif current:
+            runs.append(tokenizer.decode(current))
+            current = []
+    return runs + ([tokenizer.decode(current)] if current else [])
+
+
+REASONING_TOOL_CONVERSATION = [
+    {"role": "user", "content": "12*34?"},
+    {"role": "assistant", "content": "<think>\nI should multiply.\n</think>\n\n", "tool_calls": [
+        {"type": "function", "function": {"name": "multiply", "arguments": {"a": 12, "b": 34}}}]},
+    {"role": "tool", "content": "408"},
+    {"role": "assistant", "content": "<think>\nThe tool said 408.\n</think>\n\n408"},
+    {"role": "user", "content": "and 2*3?"},
+    {"role": "assistant", "content": "<think>\nEasy.\n</think>\n\n6"},
+]
+
+
+def test_qwen3_reasoning_and_tool_calls_train_as_the_data_says(qwen3_tokenizer_dir):
+    """Every turn's reasoning trains, earlier turns included (Qwen3's template alone would drop the reasoning of
+    turns before the last user message), and the sequence is the token-exact concatenation of the turns."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+    sample = tokenize_conversation(tokenizer, REASONING_TOOL_CONVERSATION)
+    runs = trained_runs(tokenizer, sample)
+    assert runs == [
+        '<think>\nI should multiply.\n</think>\n\n<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}'
+        "\n</tool_call><|im_end|>",
+        "<think>\nThe tool said 408.\n</think>\n\n408<|im_end|>",
+        "<think>\nEasy.\n</think>\n\n6<|im_end|>",
+    ]
+    text = tokenizer.decode(sample.input_ids)
+    assert text.startswith("<|im_start|>user\n12*34?<|im_end|>\n<|im_start|>assistant\n<think>")
+    assert "<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+
+
+def test_enable_thinking_false_reaches_the_sft_prompt(qwen3_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    off = tokenize_conversation(tokenizer, conversation, {"enable_thinking": False})
+    on = tokenize_conversation(tokenizer, conversation)
+    assert trained_runs(tokenizer, off) == ["hello<|im_end|>"]  # the empty think block is the prompt's
+    assert trained_runs(tokenizer, on) == ["<think>\n\n</think>\n\nhello<|im_end|>"]  # the template writes it
+
+
+def test_llama3_turns_end_with_eot_and_train_through_it(llama3_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(llama3_tokenizer_dir)
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                    {"role": "user", "content": "again"}, {"role": "assistant", "content": "hello again"}]
+    sample = tokenize_conversation(tokenizer, conversation)
+    assert trained_runs(tokenizer, sample) == ["hello<|eot_id|>", "hello again<|eot_id|>"]
+    assert tokenizer.decode(sample.input_ids).count("<|begin_of_text|>") == 1

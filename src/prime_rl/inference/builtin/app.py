@@ -45,6 +45,7 @@ from prime_rl.inference.protocol import (
 )
 from prime_rl.inference.transfer import TransferReceiver
 from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
+from prime_rl.utils.chat_tokens import render_chat, renders_tool_calls
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 from prime_rl.utils.tool_calls import parse_tool_calls
@@ -115,8 +116,9 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
     app = FastAPI(title="prime-rl builtin inference")
     app.add_middleware(RequestGuard, policy=policy)
     tokenizer = engine.tokenizer
-    vocab_size = len(tokenizer)
+    vocab_size = engine.vocab  # what it samples is what it accepts back as a prompt
     longest_token = longest_token_chars(tokenizer)
+    tool_calls_rendered = tokenizer.chat_template is not None and renders_tool_calls(tokenizer)
 
     @app.exception_handler(HTTPError)
     async def _http_error(_: Request, exc: HTTPError):
@@ -208,9 +210,12 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
                                  f"{engine.context_len}")
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def chat_prompt(messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def chat_prompt(messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None) -> list[int]:
+        if not tool_calls_rendered and any(m.get("tool_calls") for m in messages):
+            raise HTTPError(400, "the model's chat template does not render assistant tool_calls (e.g. Llama 3's): "
+                                 "the model would see the history without its calls")
         try:
-            text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+            text = render_chat(tokenizer, messages, tools, True, template_kwargs)
         except Exception as exc:  # a template error is the request's fault
             raise HTTPError(400, f"cannot apply the chat template: {exc}") from None
         return encode(text)
@@ -236,7 +241,7 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
         body: ChatRequest = await _parse(request, ChatRequest)
         check_model(body)
         messages = [m.template_dict() for m in body.messages]
-        prompt_ids = await asyncio.to_thread(chat_prompt, messages, body.template_tools())
+        prompt_ids = await asyncio.to_thread(chat_prompt, messages, body.template_tools(), body.chat_template_kwargs)
         completions, step = await generate(prompt_ids, body)
         choices = [
             {

@@ -50,9 +50,11 @@ from prime_rl.inference.protocol import context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.inference.weight_check import Reference, verify_tensors, verify_weight_dir
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.lm_head import head_output_is_logits, output_embedding_as
 from prime_rl.utils.logging import get_logger
 from prime_rl.utils.lora import lora_delta
 from prime_rl.utils.sampling_rule import SamplingRule
+from prime_rl.utils.vocabulary import tokenizer_vocab
 
 log = get_logger("inference")
 
@@ -150,6 +152,9 @@ class Engine:
         model_max = getattr(self.model.config, "max_position_embeddings", None) or context_len
         self.context_len = min(context_len, model_max)
         self.eos_ids = self._eos_ids()
+        # The ids that may be sampled: the tokenizer's, not the padded rows of the output embedding past it.
+        self.vocab = min(tokenizer_vocab(self.tokenizer), self.model.config.vocab_size)
+        self._states_are_hidden = head_output_is_logits(self.model)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.max_batch_size = max_batch_size
         self._seeds = torch.Generator().manual_seed(seed)
@@ -313,24 +318,24 @@ class Engine:
         shared = shared_prefixes([request.prompt_ids if request.params.prompt_logprobs else None
                                   for request, _ in started])
         if shared is None:
-            logits, cache, mask = self._prefill_rows([request for request, _ in started])
+            states, cache, mask = self._prefill_rows([request for request, _ in started])
         else:
-            logits, cache, mask = self._prefill_shared([request for request, _ in started], *shared)
-        if logits.dim() == 3:  # [R, S, V]: some request scores its prompt
+            states, cache, mask = self._prefill_shared([request for request, _ in started], *shared)
+        if states.dim() == 3:  # [R, S, D]: some request scores its prompt
             for row, (request, seqs) in enumerate(started):
                 if request.params.prompt_logprobs:
-                    self._score_prompt(request, seqs, logits[row, logits.shape[1] - len(request.prompt_ids):])
-            logits = logits[:, -1]
+                    self._score_prompt(request, seqs, states[row, states.shape[1] - len(request.prompt_ids):])
+            states = states[:, -1]
         rows = torch.repeat_interleave(torch.tensor([len(seqs) for _, seqs in started]))  # request r's row, n times
         _take(cache, rows)
         seqs = [seq for _, request_seqs in started for seq in request_seqs]
-        next_tokens = self._sample(seqs, logits[rows])
+        next_tokens = self._sample(seqs, self._logits(states)[rows])
         self._merge(seqs, cache, mask[rows], next_tokens)
         self._retire()
 
     def _prefill_rows(self, requests: list[_Request]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
-        """One left-padded forward of the prompts: logits ([R, V] of the last position, or [R, S, V] of every
-        position when some request scores its prompt), the cache and its mask [R, S]."""
+        """One left-padded forward of the prompts: states (`_forward`: [R, D] of the last position, or [R, S, D]
+        of every position when some request scores its prompt), the cache and its mask [R, S]."""
         width = max(len(request.prompt_ids) for request in requests)
         ids, mask = _left_padded([request.prompt_ids for request in requests], width, self.pad_id)
         cache = DynamicCache()
@@ -353,7 +358,7 @@ class Engine:
         prefix_width = max(map(len, prefixes))
         ids, prefix_mask = _left_padded(prefixes, prefix_width, self.pad_id)
         cache = DynamicCache()
-        prefix_logits = self._forward(ids, prefix_mask, cache, all_positions=True)  # [G, P, V]
+        prefix_logits = self._forward(ids, prefix_mask, cache, all_positions=True)  # [G, P, D]
         rows = torch.tensor([max(g, 0) for g in group])
         _take(cache, rows)  # each request's copy of its group's prefix (group -1: a row masked out below)
         prefix_mask = prefix_mask[rows]
@@ -362,7 +367,7 @@ class Engine:
         width = max(map(len, rests))
         ids, rest_mask = _left_padded(rests, width, self.pad_id)
         mask = torch.cat([prefix_mask, rest_mask], dim=1)
-        rest_logits = self._forward(ids, mask, cache, all_positions=True)  # [R, W, V]
+        rest_logits = self._forward(ids, mask, cache, all_positions=True)  # [R, W, D]
         full = max(len(request.prompt_ids) for request in requests)
         logits = rest_logits.new_zeros((len(requests), full, rest_logits.shape[-1]))
         for row, (request, g, length) in enumerate(zip(requests, group, shared, strict=True)):
@@ -375,38 +380,59 @@ class Engine:
     def _decode(self) -> None:
         ones = torch.ones((len(self._seqs), 1), dtype=torch.long)
         self._mask = torch.cat([self._mask, ones], dim=1)
-        logits = self._forward(self._next[:, None], self._mask, self._cache)
-        self._next = self._sample(self._seqs, logits)
+        states = self._forward(self._next[:, None], self._mask, self._cache)
+        self._next = self._sample(self._seqs, self._logits(states))
         self._retire()
 
-    def _score_prompt(self, request: _Request, seqs: list[_Seq], logits: torch.Tensor) -> None:
-        """(logprob, rank) of prompt token i >= 1 from the prefill's logits [L, V] of its row, under the
-        request's temperature without truncation: log_softmax(z_{i-1} / T)[prompt_i] (T = 0: untempered).
-        A non-finite logprob fails the request alone."""
-        target = torch.tensor(request.prompt_ids[1:], dtype=torch.long)[:, None]
-        logprobs = processed_logprobs(logits[:-1], request.params.temperature)
-        chosen = logprobs.gather(1, target)
-        if not torch.isfinite(chosen).all():
+    def _score_prompt(self, request: _Request, seqs: list[_Seq], states: torch.Tensor) -> None:
+        """(logprob, rank) of prompt token i >= 1 from the prefill's states [L, D] of its row, under the
+        request's temperature without truncation: log_softmax(z_{i-1} / T)[prompt_i] (T = 0: untempered), over
+        the sampled vocabulary. Logits are made `PROMPT_CHUNK_LOGITS` at a time, never [L, V] at once. A prompt
+        token past the sampled vocabulary or a non-finite logprob fails the request alone."""
+        targets = torch.tensor(request.prompt_ids[1:], dtype=torch.long)[:, None]
+        top = max(request.prompt_ids[1:], default=0)
+        if top >= self.vocab:
+            self._fail_rows(seqs, ValueError(f"prompt token id {top} is past the vocabulary ({self.vocab} ids) and "
+                                             "has no logprob"))
+            return
+        chunk = max(1, PROMPT_CHUNK_LOGITS // self.vocab)
+        states = states[:-1]  # position i - 1 predicts token i
+        chosen, ranks = [], []
+        for start in range(0, len(targets), chunk):
+            logprobs = processed_logprobs(self._logits(states[start:start + chunk]), request.params.temperature)
+            picked = logprobs.gather(1, targets[start:start + chunk])
+            chosen.append(picked[:, 0])
+            ranks.append((logprobs > picked).sum(dim=1) + 1)
+        chosen_all = torch.cat(chosen)
+        if not torch.isfinite(chosen_all).all():
             self._fail_rows(seqs, FloatingPointError("the model gave a prompt token a non-finite logprob"))
             return
-        ranks = (logprobs > chosen).sum(dim=1) + 1
-        request.prompt_logprobs = list(zip(chosen[:, 0].tolist(), ranks.tolist(), strict=True))
+        request.prompt_logprobs = list(zip(chosen_all.tolist(), torch.cat(ranks).tolist(), strict=True))
 
     @torch.inference_mode()
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache,
                  all_positions: bool = False) -> torch.Tensor:
-        """Logits [B, V] of the last position ([B, S, V] of every input position with `all_positions`); `mask`
-        covers cache + input."""
+        """States [B, D] of the last position ([B, S, D] of every input position with `all_positions`), on the
+        model's device, that `_logits` turns into logits: the final hidden states (D = hidden size) when the
+        model's logits are its head's output (`utils.lm_head`), else the logits themselves; `mask` covers
+        cache + input."""
         # Real tokens count from 0 in every row; padding gets position 0 (it is masked anyway).
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
-        out = self.model(
-            input_ids=input_ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return (out.logits if all_positions else out.logits[:, -1]).float().cpu()
+        inputs = dict(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                      position_ids=positions.to(self.device), past_key_values=cache, use_cache=True)
+        if not self._states_are_hidden:
+            out = self.model(**inputs)
+        else:
+            with output_embedding_as(self.model, lambda hidden: hidden):
+                out = self.model(**inputs, logits_to_keep=0 if all_positions else 1)
+        return out.logits if all_positions else out.logits[:, -1]
+
+    @torch.inference_mode()
+    def _logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [..., vocab] on the CPU of `_forward`'s states: the sampled vocabulary only."""
+        if self._states_are_hidden:
+            states = self.model.get_output_embeddings()(states)
+        return states[..., :self.vocab].float().cpu()
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
         """Sample the next token of every row; rows with the same sampling parameters in one batched call."""
@@ -511,6 +537,7 @@ class Engine:
         self._seqs, self._cache, self._mask, self._next = [], None, None, None
 
 
+PROMPT_CHUNK_LOGITS = 2**24  # logits made at once when scoring a prompt: 64 MB of float32
 SHARE_MIN_SAVING = 0.25  # two prefill forwards only when sharing prefixes saves at least this share of the tokens
 
 

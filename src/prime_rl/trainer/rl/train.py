@@ -88,7 +88,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     With a value head (`session.critic` a `ValueHead`; `targets`: V_old and G) each micro-batch's loss is the
     joint L_policy + c_V * L_V, V read from the same forward's final hidden states (`value_head.py`).
     """
-    rule = scoring_rule(batch, match_truncation)
+    rule = scoring_rule(batch, match_truncation, session.sampled_vocab)
     if loss_fn.needs_log_ratio_moments:
         moments = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
@@ -128,10 +128,11 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     return total, metrics
 
 
-def scoring_rule(batch: RankBatch, match_truncation: bool) -> SamplingRule:
+def scoring_rule(batch: RankBatch, match_truncation: bool, vocab: int | None = None) -> SamplingRule:
     """The rule the trainer scores the batch's tokens under: the sampler's whole rule with `match_truncation`,
-    else its temperature alone."""
-    return batch.rule if match_truncation else SamplingRule(batch.temperature)
+    else its temperature alone; over the sampled vocabulary [0, vocab) (`utils.vocabulary`)."""
+    rule = batch.rule if match_truncation else SamplingRule(batch.temperature)
+    return replace(rule, vocab=vocab)
 
 
 def check_advantage_type(batch: RankBatch, advantage: AdvantageConfig) -> None:
@@ -249,7 +250,7 @@ def train(config: TrainerConfig) -> None:
             lr = session.lr
             token_metrics, critic_metrics = {}, {}
             check_advantage_type(batch, config.advantage)
-            rule = scoring_rule(batch, config.match_truncation)
+            rule = scoring_rule(batch, config.match_truncation, session.sampled_vocab)
             targets = None
             if config.advantage.token_level:
                 batch, targets, token_metrics = token_level_advantages(session, batch, config.advantage, ref_model,

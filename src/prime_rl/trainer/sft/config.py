@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from prime_rl.configs.base import BaseConfig
-from prime_rl.trainer.config import ModelInitConfig, OptimConfig, TrainingConfig
+from prime_rl.trainer.config import ModelInitConfig, OptimConfig, TrainingConfig, settle_init
+
+if TYPE_CHECKING:
+    from prime_rl.configs.layers import Layer
 
 
 class SFTDataConfig(BaseConfig):
@@ -20,6 +24,16 @@ class SFTDataConfig(BaseConfig):
     """Environment id whose examples (prompt + reference answer) are the data, e.g. 'reverse-text'."""
     env_args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment (e.g. {min_len = 5, max_len = 12})."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Variables for the chat template, e.g. {enable_thinking = false} (Qwen3); the same as the orchestrator's, so a
+    model is fine-tuned on the prompts RL will render."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from prime_rl.utils.chat_tokens import check_template_kwargs
+
+        return check_template_kwargs(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> SFTDataConfig:
@@ -55,7 +69,9 @@ class SFTConfig(TrainingConfig):
     data: SFTDataConfig = Field(default_factory=lambda: SFTDataConfig(env="reverse-text"))
     """Training data."""
     init: ModelInitConfig | None = None
-    """Start from a randomly initialised architecture instead of model.name's weights (no download)."""
+    """Start from a randomly initialised architecture instead of model.name's weights (no download). Of model.name
+    and [init] the one set in the later layer wins, with a one-line notice (`--model.name DIR` drops a file's
+    [init]); both in one layer are an error. `--init none` turns it off."""
     batch_size: Annotated[int, Field(ge=1)] = 64
     """Samples per optimizer step (over all ranks), packed into rows of at most seq_len tokens."""
     micro_batch_rows: Annotated[int, Field(ge=1)] = 16
@@ -66,6 +82,19 @@ class SFTConfig(TrainingConfig):
     """Write weights/step_N every this many steps (always at the end); none: only at the end."""
     eval: SFTEvalConfig = Field(default_factory=SFTEvalConfig)
     """Optional greedy evaluation (metric eval/reward)."""
+
+    @classmethod
+    def settle_layers(cls, layers: Sequence[Layer]) -> tuple[dict[str, Any], list[str]]:
+        return settle_init(layers)
+
+    @model_serializer(mode="wrap")
+    def _without_unused_name(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """With [init] model.name is unused: --dry-run and configs/sft.toml leave it out, so the file loads back
+        (one file setting both is an error, `settle_init`)."""
+        data = handler(self)
+        if self.init is not None and isinstance(data.get("model"), dict):
+            data["model"].pop("name", None)
+        return data
 
     @model_validator(mode="after")
     def _eval_needs_env(self) -> SFTConfig:

@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from prime_rl.trainer.sft.config import SFTDataConfig
+from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.errors import UserError
 
 Messages = list[dict[str, str]]
@@ -116,32 +118,32 @@ def skip(stream: Iterator, n: int) -> Iterator:
 # ------------------------------------------------------------------------------ tokenize
 
 
-def _render_ids(tokenizer: PreTrainedTokenizerBase, messages: Messages, generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages,
+                          template_kwargs: dict[str, Any] | None = None) -> Sample:
+    """Token ids of the whole conversation and the mask of the assistant tokens that train.
 
-
-def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> Sample:
-    """Token ids of the whole conversation and the mask of the assistant tokens that train."""
+    Built turn by turn as a multi-turn rollout is (`utils.chat_tokens`): the first prompt, then each assistant
+    turn as the template renders a last turn (its reasoning and tool calls included: "as the data says"), then
+    the template's text up to the next assistant turn. Earlier turns stay in the context of later ones as they
+    were trained, the way token-exact multi-turn RL keeps what was sampled. A turn trains through its end-of-turn
+    token; `"train": false` on an assistant message keeps it as context only."""
     if tokenizer.chat_template is None:
         raise UserError("the tokenizer has no chat template; SFT needs one to find the assistant tokens")
-    ids = _render_ids(tokenizer, messages, False)
-    mask = [False] * len(ids)
-    eos = tokenizer.eos_token_id
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant" or message.get("train") is False:  # `"train": false`: context only
-            continue
-        prefix = _render_ids(tokenizer, messages[:i], True)
-        start, end = len(prefix), len(_render_ids(tokenizer, messages[: i + 1], False))
-        if ids[:start] != prefix:
-            raise UserError("the chat template does not render a conversation as the concatenation of its turns; "
-                            "cannot locate the assistant tokens")
-        span = ids[start:end]
-        if eos in span:
-            end = start + span.index(eos) + 1
-        mask[start:end] = [True] * (end - start)
-    if not any(mask):
+    chat = ChatTokens(tokenizer, template_kwargs)
+    turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+    if not any(messages[i].get("train") is not False for i in turns):
         raise UserError("an SFT conversation has no assistant message to train on")
+    ids = chat.prompt_ids(messages[:turns[0]], [])
+    mask = [False] * len(ids)
+    for k, i in enumerate(turns):
+        turn = chat.turn_ids(messages[:i + 1], [])
+        end = next((j + 1 for j, t in enumerate(turn) if t in chat.end_of_turn), len(turn))
+        ids += turn[:end]
+        mask += [messages[i].get("train") is not False] * end
+        if k + 1 < len(turns):
+            tail = chat.reply_ids(messages[:i + 1], messages[i + 1:turns[k + 1]], [], turn[end - 1] if end else None)
+            ids += tail
+            mask += [False] * len(tail)
     return Sample(ids, mask)
 
 

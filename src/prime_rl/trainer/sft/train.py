@@ -25,6 +25,7 @@ from prime_rl.trainer.session import TrainSession
 from prime_rl.trainer.sft.config import SFTConfig
 from prime_rl.trainer.sft.data import Row, conversation_stream, pack, rows_for_rank, skip, tokenize_conversation
 from prime_rl.trainer.sft.eval import evaluate
+from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def sft_step(session: TrainSession, rows: list[Row], micro_batch_rows: int, pad_id: int) -> tuple[float, int]:
@@ -36,7 +37,7 @@ def sft_step(session: TrainSession, rows: list[Row], micro_batch_rows: int, pad_
     for first in range(0, len(rows), micro_batch_rows):
         chunk = rows[first:first + micro_batch_rows]
         results = compute_rows_logprobs(session.model, [(r.input_ids, r.position_ids, r.sample_lens) for r in chunk],
-                                        pad_id=pad_id, entropies=False)
+                                        SamplingRule(vocab=session.sampled_vocab), pad_id=pad_id, entropies=False)
         loss = sum(-(lp * r.loss_mask.to(lp.device)).sum() for (lp, _), r in zip(results, chunk, strict=True))
         loss = loss / denominator
         session.backward(loss)
@@ -57,7 +58,8 @@ def train(config: SFTConfig) -> None:
     try:
         for step in range(session.start_step, config.max_steps):
             start = time.perf_counter()
-            samples = [tokenize_conversation(tokenizer, m) for m in islice(stream, config.batch_size)]
+            samples = [tokenize_conversation(tokenizer, m, config.data.chat_template_kwargs)
+                       for m in islice(stream, config.batch_size)]
             rows = pack(samples, config.seq_len)
             mine = rows_for_rank(rows, info.rank, info.world_size, pad_id)
             lr = session.lr

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from prime_rl.orchestrator.chat_tokens import ChatTokens
 from prime_rl.utils.char_tokenizer import CHATML_TEMPLATE, build_char_tokenizer
+from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.errors import UserError
 
 
@@ -96,3 +96,21 @@ def test_a_turn_ended_by_another_special_token_than_eos_does_not_repeat_it():
     tail = ChatTokens(tokenizer).reply_ids([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
                                            [{"role": "user", "content": "z"}], [], im_end)
     assert tokenizer.decode(tail) == "\n<|im_start|>user\nz<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_qwen3_template_variables_and_null_content_reach_every_rendering(qwen3_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    chat = ChatTokens(AutoTokenizer.from_pretrained(qwen3_tokenizer_dir), {"enable_thinking": False})
+    prompt = chat.tokenizer.decode(chat.prompt_ids([{"role": "user", "content": "hi"}], []))
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    calls = [{"type": "function", "function": {"name": "f", "arguments": {}}}]
+    turn = chat.tokenizer.decode(chat.turn_ids([{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": None, "tool_calls": calls}], []))
+    assert turn == '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>\n'
+
+
+@pytest.mark.parametrize("key", ["chat_template", "tokenize", "add_generation_prompt", "tools"])
+def test_template_kwargs_that_are_renderer_arguments_are_refused(key):
+    with pytest.raises(ValueError, match=f"may not set {key}"):
+        ChatTokens(build_char_tokenizer(), {key: True})

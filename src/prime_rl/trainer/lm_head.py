@@ -1,0 +1,136 @@
+"""Per-token logprobs and entropies straight from the final hidden states, in chunks of tokens, so that no
+[tokens, vocab] tensor of the whole sequence ever exists (forward or backward).
+
+For hidden states h [N, H], the output embedding W [V, H] (bias b), targets a [N] and the sampling rule
+(temperature T, truncation, sampled vocabulary `rule.vocab`):
+
+    s = (h W^T + b)[:, :vocab] / T            the tempered logits (rows past `vocab` are never sampled)
+    K = kept set of s under the rule, plus a   (`utils.sampling_rule`; all of [0, vocab) without truncation)
+    lp = s_a - logsumexp_{v in K} s_v
+    H  = -sum_{v in K} q_v log q_v,  q = softmax of s over K
+
+exactly `model.token_logprobs` of the full logits. The backward pass recomputes s chunk by chunk (the
+kept set is a step function and is not differentiated through) with
+
+    dlp/ds_v = 1[v = a] - q_v        dH/ds_v = -q_v (log q_v + H)       (0 outside K)
+
+and ds/dh = W / T, ds/dW = h / T, ds/db = 1 / T. Only h, the targets and two floats per token are kept for
+backward, so memory grows with tokens x hidden size, not tokens x vocabulary: at Qwen3's 151,936 rows a
+chunk is `CHUNK_ELEMENTS // vocab` = 220 tokens, about 130 MB per float32 copy of its logits.
+
+`token_stats_head` runs a Hugging Face causal LM with its output embedding answering (lp, H) per position
+instead of logits (`utils.lm_head`: only for models whose logits are the head's output unchanged; others
+are scored from their full logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from prime_rl.utils.lm_head import output_embedding_as
+from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
+
+CHUNK_ELEMENTS = 2**25  # logits per chunk: 32M float32 = 128 MB per copy
+
+
+def chunk_tokens(vocab: int, chunk_elements: int | None = None) -> int:
+    """Tokens per chunk: as many as keep one chunk's logits within `chunk_elements` (default `CHUNK_ELEMENTS`),
+    at least one."""
+    return max(1, (chunk_elements or CHUNK_ELEMENTS) // max(vocab, 1))
+
+
+def _log_q(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+           rule: SamplingRule) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log q [n, vocab] float32, -inf outside the kept set; the kept mask or None) of one chunk: the same
+    operations as `model.token_logprobs` on these rows of the full logits."""
+    vocab = weight.shape[0] if rule.vocab is None else min(rule.vocab, weight.shape[0])
+    s = F.linear(h, weight[:vocab], None if bias is None else bias[:vocab]).float() / rule.temperature
+    kept = None
+    if rule.truncates:
+        kept = kept_mask(s, rule).scatter_(-1, targets[:, None], True)
+        s = s.masked_fill(~kept, float("-inf"))
+    return torch.log_softmax(s, dim=-1), kept
+
+
+class _TokenStats(torch.autograd.Function):
+    """(lp [N], H [N]) of `token_stats`; see the module docstring for the math."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, rule: SamplingRule, entropies: bool, chunk: int):
+        lp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        ent = torch.zeros_like(lp)
+        for start in range(0, hidden.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            logq, kept = _log_q(hidden[rows], weight, bias, targets[rows], rule)
+            lp[rows] = logq.gather(-1, targets[rows, None])[:, 0]
+            if entropies:
+                finite = logq if kept is None else logq.masked_fill(~kept, 0.0)  # 0 * -inf would be NaN
+                ent[rows] = -(logq.exp() * finite).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, ent)
+        ctx.rule, ctx.entropies, ctx.chunk = rule, entropies, chunk
+        ctx.set_materialize_grads(False)  # an output the loss does not use (often H) costs nothing in backward
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp, grad_ent):
+        hidden, weight, bias, targets, ent = ctx.saved_tensors
+        rule = ctx.rule
+        vocab = weight.shape[0] if rule.vocab is None else min(rule.vocab, weight.shape[0])
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+        use_ent = ctx.entropies and grad_ent is not None
+        if grad_lp is None and not use_ent:
+            return None, None, None, None, None, None, None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            logq, kept = _log_q(hidden[rows], weight, bias, targets[rows], rule)
+            q = logq.exp()  # 0 outside the kept set
+            grad_s = torch.zeros_like(logq)
+            if grad_lp is not None:
+                grad_s -= q * grad_lp[rows, None]
+                grad_s.scatter_add_(-1, targets[rows, None], grad_lp[rows, None])
+            if use_ent:
+                finite = logq if kept is None else logq.masked_fill(~kept, 0.0)
+                grad_s -= q * (finite + ent[rows, None]) * grad_ent[rows, None]
+            grad_s = (grad_s / rule.temperature).to(weight.dtype)  # d/d(h W^T + b)
+            if want_h:
+                grad_h[rows] = grad_s @ weight[:vocab]
+            if want_w:
+                grad_w[:vocab] += (grad_s.T @ hidden[rows]).float()
+            if want_b:
+                grad_b[:vocab] += grad_s.float().sum(0)
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+
+
+def token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                rule: SamplingRule = SamplingRule(), entropies: bool = True, chunk: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lp [N], H [N]) float32 of the targets [N] under the rule, from hidden states [N, H] and the output
+    embedding (module docstring); differentiable in hidden, weight and bias. H is 0 without `entropies`."""
+    vocab = weight.shape[0] if rule.vocab is None else min(rule.vocab, weight.shape[0])
+    return _TokenStats.apply(hidden, weight, bias, targets, rule, entropies, chunk or chunk_tokens(vocab))
+
+
+@contextmanager
+def token_stats_head(model: nn.Module, targets: torch.Tensor, rule: SamplingRule, entropies: bool) -> Iterator[None]:
+    """While open, `model`'s forward returns [..., 2] = (lp, H) per position instead of logits [..., V]: the
+    output embedding is called with hidden states [..., H] at the positions the model keeps (all, or
+    `logits_to_keep`), whose flattened order `targets` [N] follows (the token each position predicts).
+    Only for models with `utils.lm_head.head_output_is_logits`."""
+
+    def stats(hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        lp, ent = token_stats(flat, head.weight, head.bias, targets.to(flat.device), rule, entropies)
+        shape = hidden.shape[:-1]
+        return torch.stack([lp.reshape(shape), ent.reshape(shape)], dim=-1)  # a new tensor, not a view (FSDP)
+
+    with output_embedding_as(model, stats) as head:
+        yield

@@ -1,0 +1,92 @@
+"""RL and SFT at real model shapes: tiny random Qwen3 and Llama 3 models with the real tokenizers (151,669 and
+128,256 ids), chat templates and, for Qwen3, 267 padded output rows. Runs are on-policy (mismatch KL < 1e-6:
+every trained token sits where it was sampled and the trainer scores the distribution the server sampled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.support import REPO
+from tests.support.entrypoints import run_entrypoint
+from tests.support.real_tokenizers import save_tiny_model
+from tests.support.rl_in_process import on_policy_run
+
+pytestmark = pytest.mark.slow
+
+SINGLE_TURN = '[[orchestrator.env]]\nid = "reverse-text"\n'
+USER_REPLIES = '[[orchestrator.env]]\nid = "reverse-text-hint"\n'
+TOOL_REPLIES = '[[orchestrator.env]]\nid = "tests.support.multi_turn_envs:ToolChat"\n'
+
+
+EOS = {"qwen3": (151_645, 151_643), "llama3": (128_009, 128_001)}  # each model's two end-of-turn ids
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama3"])
+def talkative_model(request, tmp_path_factory):
+    """A tiny random model of the real architecture that ends about half its turns within a few tokens (a random
+    model of a 150k vocabulary would almost never sample its eos, and multi-turn needs turns that end): the final
+    norm keeps one hidden dimension d, and the two eos rows of the output embedding are +-12 e_d."""
+    name = request.param
+    path = save_tiny_model(name, tmp_path_factory.mktemp(f"talkative_{name}"), seed=2)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        head = model.get_output_embeddings().weight
+        head[list(EOS[name])] = 0.0
+        head[EOS[name][0], 0], head[EOS[name][1], 0] = 12.0, -12.0
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("env", [SINGLE_TURN, USER_REPLIES, TOOL_REPLIES], ids=["single", "user", "tool"])
+def test_rl_runs_on_policy_with_real_tokenizers_and_templates(tmp_path, talkative_model, env):
+    run = on_policy_run(tmp_path, env, seq_len=256, max_tokens=12, model=str(talkative_model), max_steps=2)
+    orchestrator = run.rows("orchestrator")
+    assert all(row["rollout/env_error_frac"] == 0 for row in orchestrator.values())
+    if env != SINGLE_TURN:
+        assert all(row["rollout/turns_mean"] > 1 for row in orchestrator.values())
+
+
+@pytest.fixture(scope="module")
+def padded_rows_dominate(tmp_path_factory):
+    """A tiny Qwen3 whose 267 padded output rows hold nearly all the probability of every position when sampled
+    over all 151,936 rows: real rows' logits are 0, padded rows' are +-100 h_d (half each sign), and the final
+    norm keeps one dimension d of the hidden state. Over the tokenizer's ids it is uniform."""
+    path = save_tiny_model("qwen3", tmp_path_factory.mktemp("padded_qwen3"), seed=1, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    real, rows = 151_669, model.config.vocab_size
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.zero_()
+        half = real + (rows - real) // 2
+        head[real:half, 0], head[half:, 0] = 100.0, -100.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+    model.save_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "abc"}], tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        padded_mass = model(ids).logits[0, -1].softmax(-1)[real:].sum()
+    assert padded_mass > 0.99  # a sampler over every row would draw a padded id at almost every token
+    return path
+
+
+def test_a_model_whose_padded_rows_dominate_never_samples_them_and_trains_on_policy(tmp_path, padded_rows_dominate):
+    run = on_policy_run(tmp_path, USER_REPLIES, seq_len=256, max_tokens=8, model=str(padded_rows_dominate),
+                        max_steps=2)
+    assert all(row["rollout/env_error_frac"] == 0 for row in run.rows("orchestrator").values())
+
+
+def test_the_sft_example_trains_the_model_given_on_the_command_line(tmp_path, qwen3_tiny_model):
+    out = tmp_path / "sft"
+    done = run_entrypoint("sft", "@", str(REPO / "examples/reverse_text/sft.toml"), "--model.name",
+                          str(qwen3_tiny_model), "--output-dir", str(out), "--max-steps", "2", "--batch-size", "4",
+                          "--weights-interval", "2", "--eval.interval", "2", "--eval.num-examples", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ignoring [init]" in done.stderr
+    trained = AutoModelForCausalLM.from_pretrained(out / "weights" / "step_2")
+    assert trained.config.vocab_size == 151_936 and type(trained).__name__ == "Qwen3ForCausalLM"
