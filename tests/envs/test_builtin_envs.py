@@ -27,9 +27,21 @@ def test_lcs_against_hand_computed_values():
     assert lcs_ratio("", "") == 1.0
 
 
+def required_args(env_id: str, tmp_path) -> dict:
+    """The arguments a built-in cannot do without: a data file, a reasoning-gym task."""
+    if env_id == "dataset":
+        path = tmp_path / "d.jsonl"
+        path.write_text("".join(f'{{"prompt": "p{i}", "answer": "a{i}"}}\n' for i in range(40)))
+        return {"path": str(path)}
+    if env_id == "reasoning-gym":
+        pytest.importorskip("reasoning_gym", reason="the reasoning-gym extra is not installed")
+        return {"tasks": "leg_counting", "size": 50}
+    return {}
+
+
 @pytest.mark.parametrize("env_id", sorted(ENVIRONMENTS))
-def test_examples_are_deterministic_and_answers_score_one(env_id):
-    env = load_env(env_id)
+def test_examples_are_deterministic_and_answers_score_one(env_id, tmp_path):
+    env = load_env(env_id, **required_args(env_id, tmp_path))
     assert env.id == env_id
     first = list(itertools.islice(env.examples(seed=3), 20))
     assert first == list(itertools.islice(env.examples(seed=3), 20))
@@ -80,7 +92,7 @@ def test_arithmetic_exact_match():
 @pytest.mark.parametrize(
     ("env_id", "args", "message"),
     [
-        ("no-such-env", {}, "unknown environment 'no-such-env' (known: alphabet-sort, arithmetic, calculator, reverse-text"),
+        ("no-such-env", {}, "unknown environment 'no-such-env' (known: alphabet-sort, arithmetic, calculator, dataset, reasoning-gym, reverse-text"),
         ("reverse-text", {"length": 3}, "has no argument(s) length (allowed: min_len, max_len, system_prompt)"),
         ("reverse-text", {"min_len": "5"}, "argument 'min_len' must be int"),
         ("reverse-text", {"min_len": 9, "max_len": 3}, "min_len <= max_len"),

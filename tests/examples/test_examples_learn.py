@@ -87,3 +87,20 @@ def test_multi_turn_examples_run_as_shipped(tmp_path, example, check):
         assert row["rollout/turns_mean"] > 1.5 and check(row), (step, row)
         assert 0.0 < row["reward/mean"] <= 1.0, (step, row["reward/mean"])
     assert all(math.isfinite(row["loss/entropy"]) for row in trainer.values())
+
+
+def test_the_dataset_example_trains_on_its_file_with_named_rewards_and_evaluates_held_out_rows(tmp_path, monkeypatch):
+    """`rl @ examples/dataset/rl.toml` (in-process, from the repository root as its relative paths expect),
+    3 steps of 64 rollouts: each reward function is logged, the total is the weighted sum (exact_match has
+    weight 0), and evaluation ran on test.jsonl."""
+    monkeypatch.chdir(REPO)
+    run = run_in_process(["@", "examples/dataset/rl.toml", "--output-dir", str(tmp_path / "run"), "--max-steps", "3",
+                          "--orchestrator.batch-size", "64", "--orchestrator.eval.interval", "2",
+                          "--orchestrator.eval.num-examples", "8", "--wandb.mode", "disabled"])
+    rollouts = run.rows("orchestrator")
+    assert sorted(rollouts) == [0, 1, 2]
+    for row in rollouts.values():
+        assert 0.3 < row["reward/dataset/lcs_ratio"] <= 1.0  # the embedded model already reverses most letters
+        assert row["reward/mean"] == pytest.approx(row["reward/dataset/lcs_ratio"])
+        assert 0.0 <= row["reward/dataset/exact_match"] <= row["reward/dataset/lcs_ratio"]
+    assert any(key.startswith("eval/") for row in rollouts.values() for key in row)

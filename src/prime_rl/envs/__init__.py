@@ -8,7 +8,15 @@
 See docs/orchestrator.md for the built-ins and how to add one.
 """
 
-from prime_rl.envs import alphabet_sort, arithmetic, calculator, reverse_text, reverse_text_hint  # noqa: F401  (each registers its built-in)
+from prime_rl.envs import (  # noqa: F401  (each registers its built-in)
+    alphabet_sort,
+    arithmetic,
+    calculator,
+    dataset,
+    reasoning_gym_env,
+    reverse_text,
+    reverse_text_hint,
+)
 from prime_rl.envs.base import Environment, Example, Reward, SyntheticEnvironment
 from prime_rl.envs.registry import ENVIRONMENTS, load_env, register_env
 

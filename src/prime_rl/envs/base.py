@@ -101,6 +101,11 @@ class Environment(ABC):
     def examples(self, seed: int = 0) -> Iterator[Example]:
         """An infinite iterator of examples; the same seed gives the same sequence."""
 
+    def eval_examples(self, seed: int = 0) -> Iterator[Example]:
+        """The examples `[orchestrator.eval]` draws (held-out ones where the environment has them); by default
+        `examples` of the seed the orchestrator gives it (another stream than training's)."""
+        return self.examples(seed)
+
     async def score(self, example: Example, completion: str) -> Reward:
         """Score one completion text (special tokens already removed) of `example` (single-turn environments)."""
         raise NotImplementedError(f"{type(self).__name__} implements neither score nor score_rollout")

@@ -122,7 +122,7 @@ class Orchestrator:
         draws = []
         for i, env_config in enumerate(self.config.env):
             env = load_env(env_config.id, **env_config.args)
-            examples = env.examples(seed=self.config.seed + EVAL_SEED_OFFSET + i)
+            examples = env.eval_examples(seed=self.config.seed + EVAL_SEED_OFFSET + i)
             draws += [Draw(env_config.metric_name, env, next(examples), env_config)
                       for _ in range(self.config.eval.num_examples)]
         return draws

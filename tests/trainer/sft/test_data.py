@@ -12,7 +12,7 @@ from prime_rl.trainer.sft.data import (
     Sample,
     conversation_stream,
     pack,
-    read_jsonl,
+    read_conversations,
     rows_for_rank,
     skip,
     tokenize_conversation,
@@ -66,7 +66,7 @@ def test_jsonl_records(tmp_path, tok):
         json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]}),
         json.dumps({"prompt": [{"role": "user", "content": "p"}], "completion": [{"role": "assistant", "content": "c"}]}),
     ]))
-    convs = read_jsonl(path)
+    convs = read_conversations(path)
     assert len(convs) == 3
     assert convs[0] == [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cba"}]
     assert trained_text(tok, tokenize_conversation(tok, convs[0])) == "cba<|im_end|>"
@@ -76,9 +76,9 @@ def test_jsonl_errors_name_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "completion": "b"}\n{"text": "no"}\n')
     with pytest.raises(UserError, match="bad.jsonl:2"):
-        read_jsonl(path)
+        read_conversations(path)
     with pytest.raises(UserError, match="does not exist"):
-        read_jsonl(tmp_path / "missing.jsonl")
+        read_conversations(tmp_path / "missing.jsonl")
 
 
 def test_streams_are_deterministic_and_resumable(tmp_path):

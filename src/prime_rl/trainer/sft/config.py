@@ -16,10 +16,11 @@ if TYPE_CHECKING:
 
 
 class SFTDataConfig(BaseConfig):
-    """Where the supervised examples come from: a local JSONL file or a built-in environment (exactly one)."""
+    """Where the supervised examples come from: a local data file or an environment (exactly one)."""
 
     path: Path | None = None
-    """JSONL file; each line has `messages` (chat) or `prompt` + `completion` (strings or message lists)."""
+    """A data file or directory (JSONL, JSON, CSV, parquet: docs/environments.md, "Train on a data set"); each row
+    has `messages` (chat) or `prompt` + `completion` (or `answer`), strings or message lists."""
     env: str | None = None
     """Environment id whose examples (prompt + reference answer) are the data, e.g. 'reverse-text'."""
     env_args: dict[str, Any] = Field(default_factory=dict)
@@ -38,7 +39,7 @@ class SFTDataConfig(BaseConfig):
     @model_validator(mode="after")
     def _one_source(self) -> SFTDataConfig:
         if (self.path is None) == (self.env is None):
-            raise ValueError("set exactly one of data.path (a JSONL file) or data.env (an environment id)")
+            raise ValueError("set exactly one of data.path (a data file) or data.env (an environment id)")
         if self.env is not None:
             from prime_rl.envs import load_env
             from prime_rl.utils.errors import UserError

@@ -11,7 +11,6 @@ as the concatenation of its turns (true for ChatML-style templates); it is check
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from prime_rl.envs.data_files import load_rows
 from prime_rl.trainer.sft.config import SFTDataConfig
 from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.errors import UserError
@@ -61,41 +61,33 @@ def _as_messages(value, role: str, where: str) -> Messages:
 
 
 def record_to_messages(record: dict, where: str) -> Messages:
-    """A JSONL record (`messages`, or `prompt` + `completion`) as one chat conversation."""
+    """A data row (`messages`, or `prompt` + `completion` or `answer`) as one chat conversation."""
     if "messages" in record:
         return _as_messages(record["messages"], "user", where)
-    if "prompt" in record and "completion" in record:
-        return _as_messages(record["prompt"], "user", where) + _as_messages(record["completion"], "assistant", where)
-    raise UserError(f"{where}: a record needs 'messages' or 'prompt' and 'completion' (got keys {sorted(record)})")
+    reply = "completion" if "completion" in record else "answer"
+    if "prompt" in record and reply in record:
+        return _as_messages(record["prompt"], "user", where) + _as_messages(record[reply], "assistant", where)
+    raise UserError(f"{where}: a record needs 'messages' or 'prompt' and 'completion' (or 'answer') "
+                    f"(got keys {sorted(record)})")
 
 
-def read_jsonl(path: Path) -> list[Messages]:
+def read_conversations(path: Path) -> list[Messages]:
+    """Every row of a data file or directory (`envs/data_files.py`: JSONL, JSON, CSV, parquet) as a conversation."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"SFT data file {path} does not exist")
-    conversations = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        conversations.append(record_to_messages(record, f"{path}:{number}"))
-    if not conversations:
-        raise UserError(f"SFT data file {path} has no records")
-    return conversations
+    return [record_to_messages(row, str(ref)) for row, ref in load_rows(path)]
 
 
 def conversation_stream(config: SFTDataConfig, seed: int) -> Iterator[Messages]:
     """Infinite, deterministic stream of conversations (the same seed gives the same stream).
 
-    JSONL: epochs over the file, each shuffled with `random.Random(seed + epoch)`.
+    A data file: epochs over its rows, each shuffled with `random.Random(seed + epoch)`.
     Environment: its examples, each prompt followed by the environment's `demonstration` (the reference
     answer as the assistant reply; the whole ideal conversation for a multi-turn environment).
     """
     if config.path is not None:
-        data = read_jsonl(config.path)
+        data = read_conversations(config.path)
         epoch = 0
         while True:
             order = list(range(len(data)))

@@ -1,0 +1,160 @@
+"""Reward functions named in a TOML file (`rewards = {exact_match = 1.0, format_boxed = 0.1}`), each a
+function `fn(completion, answer, **row) -> float`: the completion's text (its answer part: the orchestrator
+already removed a `<think>` block), the row's reference answer, and every column of the row by name.
+
+Built-ins (`REWARD_FUNCTIONS`), all in [0, 1]:
+
+- `exact_match`: 1 if the extracted answer equals the reference after normalisation (`normalize`: any of
+  "strip", "whitespace" (runs of whitespace become one space), "lower", "punctuation" (removed));
+- `numeric_match`: 1 if the last number in the extracted answer equals the reference's number
+  (|a - b| <= 1e-6 * max(1, |b|); "1,000" reads as 1000, "1/2" as 0.5);
+- `lcs_ratio`: partial credit for text, 2 * LCS / (len(answer) + len(reference)) over the characters of the
+  extracted, normalised answer and reference (1 only for an exact match; `envs/rewards.py`);
+- `format_answer_tags`: 1 if the completion holds an `<answer>...</answer>` block;
+- `format_boxed`: 1 if the completion holds a `\\boxed{...}`;
+- `math_verify`: 1 if math-verify (the library TRL and open-r1 use; `pip install prime-rl[math]`) finds the
+  completion's answer mathematically equal to the reference (`\\boxed{1/2}` equals `0.5` and `\\frac12`).
+
+The answer is extracted from the completion by `extract`: "answer_tags" (the last `<answer>` block),
+"boxed" (the last `\\boxed{...}`, braces balanced), "last_line" (the last non-empty line), "none" (the whole
+text), or "auto" (answer tags if any, else a box if any, else the whole text).
+
+Anything else is an import path, `"pkg.module:fn"`, called with the raw completion (sync or async).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+from prime_rl.envs.rewards import lcs_ratio as _lcs_ratio
+from prime_rl.utils.errors import UserError
+from prime_rl.utils.imports import import_object
+
+EXTRACTIONS = ("auto", "answer_tags", "boxed", "last_line", "none")
+NORMALIZATIONS = ("strip", "whitespace", "lower", "punctuation")
+_ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+RewardFn = Callable[..., Any]
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (nested braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    return None
+
+
+def extract_answer(text: str, how: str = "auto") -> str:
+    """The answer part of a completion (module docstring)."""
+    tagged = _ANSWER_TAGS.findall(text) if how in ("auto", "answer_tags") else []
+    if tagged:
+        return tagged[-1]
+    boxed = last_boxed(text) if how in ("auto", "boxed") else None
+    if boxed is not None:
+        return boxed
+    if how == "last_line":
+        lines = [line for line in text.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+    return "" if how in ("answer_tags", "boxed") else text
+
+
+def normalize(text: str, steps: tuple[str, ...]) -> str:
+    if "lower" in steps:
+        text = text.lower()
+    if "punctuation" in steps:
+        text = text.translate(str.maketrans("", "", string.punctuation))
+    if "whitespace" in steps:
+        text = " ".join(text.split())
+    if "strip" in steps:
+        text = text.strip()
+    return text
+
+
+def parse_number(text: str) -> float | None:
+    """The last number in `text` ("1,000" -> 1000, "3/4" -> 0.75), or None."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    token = found[-1].replace(",", "")
+    try:
+        return float(Fraction(token))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _math_verify(completion: str, answer: str) -> float:
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        raise UserError("reward 'math_verify' needs the math-verify package: pip install prime-rl[math]") from None
+    gold = parse(answer if "\\boxed" in answer or "$" in answer else f"${answer}$")
+    return float(verify(gold, parse(completion)))
+
+
+def builtin_rewards(extract: str, steps: tuple[str, ...]) -> dict[str, RewardFn]:
+    """The built-in reward functions under these extraction and normalisation options."""
+
+    def exact_match(completion: str, answer: str, **_: Any) -> float:
+        return float(normalize(extract_answer(completion, extract), steps) == normalize(answer, steps))
+
+    def numeric_match(completion: str, answer: str, **_: Any) -> float:
+        got, want = parse_number(extract_answer(completion, extract)), parse_number(answer)
+        return float(got is not None and want is not None and abs(got - want) <= 1e-6 * max(1.0, abs(want)))
+
+    def lcs_ratio(completion: str, answer: str, **_: Any) -> float:
+        return _lcs_ratio(normalize(answer, steps), normalize(extract_answer(completion, extract), steps))
+
+    def format_answer_tags(completion: str, answer: str, **_: Any) -> float:
+        return float(bool(_ANSWER_TAGS.search(completion)))
+
+    def format_boxed(completion: str, answer: str, **_: Any) -> float:
+        return float(last_boxed(completion) is not None)
+
+    def math_verify(completion: str, answer: str, **_: Any) -> float:
+        return _math_verify(completion, answer)
+
+    return {f.__name__: f for f in (exact_match, numeric_match, lcs_ratio, format_answer_tags, format_boxed,
+                                    math_verify)}
+
+
+REWARD_FUNCTIONS = tuple(builtin_rewards("auto", ()))
+
+
+def resolve_rewards(rewards: dict[str, float], extract: str = "auto", steps: tuple[str, ...] = ("strip",),
+                    env_id: str = "dataset") -> dict[str, tuple[RewardFn, float]]:
+    """name -> (function, weight) for a `rewards` table; an unknown name or a bad option is a one-line UserError."""
+    if extract not in EXTRACTIONS:
+        raise UserError(f"environment '{env_id}': extract must be one of {', '.join(EXTRACTIONS)}, not {extract!r}")
+    unknown_steps = sorted(set(steps) - set(NORMALIZATIONS))
+    if unknown_steps:
+        raise UserError(f"environment '{env_id}': unknown normalize step(s) {', '.join(unknown_steps)} "
+                        f"(allowed: {', '.join(NORMALIZATIONS)})")
+    if not rewards:
+        raise UserError(f"environment '{env_id}': rewards is empty (e.g. rewards = {{exact_match = 1.0}})")
+    builtins = builtin_rewards(extract, steps)
+    resolved = {}
+    for name, weight in rewards.items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise UserError(f"environment '{env_id}': the weight of reward '{name}' must be a number, got {weight!r}")
+        if name in builtins:
+            resolved[name] = (builtins[name], float(weight))
+        elif ":" in name:
+            try:
+                resolved[name] = (import_object(name), float(weight))
+            except ValueError as exc:
+                raise UserError(f"environment '{env_id}': reward {exc}") from None
+        else:
+            raise UserError(f"environment '{env_id}': unknown reward '{name}' (built-ins: {', '.join(builtins)}; "
+                            "or 'pkg.module:fn')")
+    return resolved
