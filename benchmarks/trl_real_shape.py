@@ -31,6 +31,7 @@ import sys
 import time
 
 PROMPT = 128
+OOM_MARKS = ("MemoryError", "DefaultCPUAllocator", "memory allocation of", "Cannot allocate memory")
 
 
 def one(model_dir: str, row_len: int, steps: int, trl_defaults: bool) -> dict:
@@ -107,10 +108,11 @@ def main() -> None:
         if run.returncode == 0 and lines:
             print(lines[-1], flush=True)
         else:
-            error = (run.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+            errors = run.stderr.strip().splitlines() or ["(no stderr)"]
+            oom = [line for line in errors if any(s in line for s in OOM_MARKS)]  # Python, torch, Rust (tokenizers)
             print(json.dumps({"row_len": row_len, "failed": True, "returncode": run.returncode,
-                              "out_of_memory": "MemoryError" in run.stderr or "alloc" in error.lower()
-                              or run.returncode in (-9, 137), "error": error[-300:]}), flush=True)
+                              "out_of_memory": bool(oom) or run.returncode == -9, "error": (oom or errors)[-1][-300:]}),
+                  flush=True)
 
 
 if __name__ == "__main__":

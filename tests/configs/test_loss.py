@@ -181,3 +181,41 @@ def test_custom_summed_loss_and_metrics():
     assert out.metrics["loss/my_metric"].item() == pytest.approx(2.0)
     with pytest.raises(ConfigError, match="sequence"):
         compute_step_loss({**config, "normalization": "sequence"}, [mb], max_tokens=4)
+
+
+def sapo_through_the_view_contract(view, **kwargs):
+    """A custom loss written as the built-ins are (`contract = "view"`): here it is the built-in SAPO itself."""
+    from prime_rl.configs.loss import SapoLossConfig
+    from prime_rl.trainer.rl.loss import sapo_loss
+
+    return sapo_loss(SapoLossConfig(**kwargs), view)
+
+
+def test_a_custom_loss_on_the_view_contract_is_bit_identical_to_the_built_in_it_reimplements():
+    g = torch.Generator().manual_seed(0)
+    lp = (torch.randn(12, generator=g) - 1).requires_grad_()
+    mb = LossInputs(lp, lp.detach() + 0.3 * torch.randn(12, generator=g), torch.randn(12, generator=g),
+                    torch.rand(12, generator=g) > 0.2, torch.tensor([5, 7]))
+    built_in = compute_step_loss({"type": "sapo", "tau_pos": 0.8}, [mb], max_tokens=8)
+    (grad_built_in,) = torch.autograd.grad(built_in.loss, lp)
+    from prime_rl.configs.loss import SapoLossConfig
+
+    normalization = SapoLossConfig().normalization  # the framework's part: the same normalization
+    custom = compute_step_loss({"type": "custom", "contract": "view", "kwargs": {"tau_pos": 0.8},
+                                "normalization": normalization,
+                                "import_path": f"{__name__}:sapo_through_the_view_contract"}, [mb], max_tokens=8)
+    (grad_custom,) = torch.autograd.grad(custom.loss, lp)
+    assert torch.equal(custom.loss, built_in.loss) and torch.equal(grad_custom, grad_built_in)
+    assert custom.metrics.keys() == built_in.metrics.keys()  # soft gate and clip metrics included
+    assert all(torch.equal(custom.metrics[k], built_in.metrics[k]) for k in built_in.metrics)
+
+
+def not_a_term(view):
+    return view.lp
+
+
+def test_a_view_contract_loss_must_return_a_policy_term():
+    lp = torch.tensor([-1.0, -0.5], requires_grad=True)
+    mb = LossInputs(lp, lp.detach(), torch.tensor([1.0, 3.0]), torch.ones(2, dtype=bool), torch.tensor([2]))
+    with pytest.raises(TypeError, match="expected a PolicyTerm"):
+        compute_step_loss({"type": "custom", "contract": "view", "import_path": f"{__name__}:not_a_term"}, [mb], 4)

@@ -248,7 +248,11 @@ class CustomLossConfig(_LossCommon):
 
     type: Literal["custom"] = "custom"
     import_path: str
-    """'pkg.module:function' or 'pkg.module.function'; called as fn(inputs, **kwargs)."""
+    """'pkg.module:function' or 'pkg.module.function'; called as `contract` says."""
+    contract: Literal["inputs", "view"] = "inputs"
+    """inputs: fn(inputs: LossInputs, **kwargs) -> per-token losses, a sum, or (loss, metrics); view: the built-in
+    variants' contract, fn(view: TokenView, **kwargs) -> PolicyTerm (masked, NaN-safe tensors in; loss, gate and
+    clip flags out; docs/losses.md, "Writing a variant")."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the function."""
     normalization: Normalization = "token"

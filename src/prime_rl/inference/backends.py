@@ -32,10 +32,6 @@ if TYPE_CHECKING:  # the engine imports torch and transformers: only a builtin s
     from prime_rl.inference.builtin.engine import Engine
 
 
-def resolve_backend(config: InferenceConfig) -> str:
-    return resolved_backend(config.backend)
-
-
 def bind(host: str, port: int) -> socket.socket:
     """Bind the listening socket here, so port 0 resolves to a known port and a busy port is a clear error."""
     try:
@@ -108,4 +104,4 @@ BACKENDS.implements(VLLMConfig)(exec_vllm)
 
 
 def serve(config: InferenceConfig) -> None:
-    BACKENDS.implementation(resolve_backend(config))(config)
+    BACKENDS.implementation(resolved_backend(config.backend))(config)

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from prime_rl.configs.loss import LOSSES
 from prime_rl.trainer.rl.loss import (
     LossInputs,
     LossScale,
@@ -20,8 +21,7 @@ from prime_rl.trainer.rl.loss import (
     segment_sum,
 )
 
-VARIANTS = ["default", "sapo", "cispo", "vanilla", "grpo", "bnpo", "dr_grpo", "dapo", "gspo", "gspo_token", "fipo",
-            "is_reshape"]  # fmt: skip
+VARIANTS = [name for name in LOSSES.names if name != "custom"]  # every built-in, as registered
 SUM = LossScale(total_loss_tokens=1, num_samples=1, max_tokens=1)  # token normalization -> plain sum of l_t
 
 

@@ -44,7 +44,7 @@ from prime_rl.inference.protocol import (
     parse_json,
 )
 from prime_rl.inference.transfer import TransferReceiver
-from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
+from prime_rl.inference.update import update_weights as serve_update
 from prime_rl.utils.chat_tokens import render_chat, renders_tool_calls
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
@@ -108,6 +108,28 @@ def chat_message(completion: Completion, with_tools: bool) -> dict:
     message = {"role": "assistant", "content": turn.content or None, "tool_calls": [c.openai() for c in turn.calls]}
     finish = "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
     return {"message": message, "finish_reason": finish}
+
+
+class BuiltinLoader:
+    """The builtin engine's side of `/update_weights` (`inference/update.py`): weights staged off the engine thread
+    (`Engine.stage_weights`, or the newest taken from the transfer group for a marker), applied between two loop
+    iterations; it can swap them while requests run (`in_flight`)."""
+
+    in_flight = True
+
+    def __init__(self, engine: Engine, receiver: TransferReceiver | None, timeout_s: float):
+        self.engine, self.receiver, self.timeout_s = engine, receiver, timeout_s
+
+    async def stage(self, path, step: int):
+        if not is_marker_dir(path):
+            return step, await asyncio.to_thread(self.engine.stage_weights, str(path))
+        if self.receiver is None:  # the weights came over the transfer group: the newest staged, step >= asked
+            raise UserError(f"{path} marks weights sent over torch.distributed, but this server is in no weight "
+                            "transfer group (weight_transfer.mode)")
+        return await asyncio.to_thread(self.receiver.take, step, self.timeout_s)
+
+    async def apply(self, staged, step: int) -> None:
+        await asyncio.to_thread(self.engine.apply_weights, staged, step)
 
 
 def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Policy | None = None,
@@ -300,30 +322,13 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, policy: Poli
                     ]
         return choices
 
+    loader = BuiltinLoader(engine, receiver, gate.timeout_s)
+
     @app.post("/update_weights")
     async def update_weights(request: Request):
         body: UpdateWeightsRequest = await _parse(request, UpdateWeightsRequest)
-        try:
-            path, step = check_weight_dir(body.path, body.step, policy.weight_roots)
-            start = time.monotonic()
-            if is_marker_dir(path):  # the weights came over the transfer group: the newest staged, step >= asked
-                if receiver is None:
-                    raise UserError(f"{path} marks weights sent over torch.distributed, but this server is in no "
-                                    "weight transfer group (weight_transfer.mode)")
-                step, staged = await asyncio.to_thread(receiver.take, step, gate.timeout_s)
-            else:
-                staged = await asyncio.to_thread(engine.stage_weights, str(path))  # checked before requests are held
-            async with gate.update(step, drain=not body.in_flight):
-                await asyncio.to_thread(engine.apply_weights, staged, step)
-        except WeightPathForbidden as exc:
-            raise HTTPError(403, str(exc)) from None
-        except UserError as exc:
-            raise HTTPError(400, str(exc)) from None
-        except GateTimeout as exc:
-            raise HTTPError(503, str(exc)) from None
-        kind = "in flight" if body.in_flight else "drained"
-        log.info(f"serving weights step {step} from {path} ({kind} update took {time.monotonic() - start:.2f}s)")
-        return {"weight_step": step}
+        status, payload = await serve_update(body, loader, policy.weight_roots, gate)
+        return JSONResponse(payload, status_code=status)
 
     @app.post("/reset")
     async def reset():

@@ -53,6 +53,7 @@ from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
 from prime_rl.inference.policy import Policy
 from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow, parse_json
+from prime_rl.inference.update import update_weights
 from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
 from prime_rl.inference.vllm.worker import (
     LOAD_DIR,
@@ -63,7 +64,6 @@ from prime_rl.inference.vllm.worker import (
     transfer_result,
 )
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
-from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import ensure_logging, get_logger
 from prime_rl.utils.weight_transfer import is_marker_dir
@@ -283,32 +283,35 @@ class PrimeRLMiddleware:
             return await self._update_one(scope, receive, send)
 
     async def _update_one(self, scope, receive, send):
-        start = time.monotonic()
         try:
             _, parsed = await self._body(receive)
             body = UpdateWeightsRequest.model_validate(parsed)
-            if body.in_flight:
-                raise UserError("in-flight weight updates need the builtin backend")
-            path, step = check_weight_dir(body.path, body.step, self.policy.weight_roots)
-            if is_marker_dir(path):
-                step = await self._pin(scope, path, step)
-            else:
-                await self._checked(path)
         except ValidationError as exc:
             return await send_error(send, 400, f"invalid request: {exc.errors()[0]['msg']}")
-        except WeightPathForbidden as exc:
-            return await send_error(send, 403, str(exc))
-        except (UserError, ValueError) as exc:
+        except ValueError as exc:
             return await send_error(send, 400, str(exc))
-        try:
-            async with self.gate.update(step):
-                await self._load(scope, path, step)
-        except GateTimeout as exc:
-            return await send_error(send, 503, str(exc))
-        except Exception as exc:  # a load that fails (shape mismatch, ...) leaves the old step in place
-            return await send_error(send, 400, f"cannot load weights from {path}: {first_line(exc)}")
-        log.info(f"serving weights step {step} from {path} (drained update took {time.monotonic() - start:.2f}s)")
-        await send_json(send, 200, {"weight_step": step})
+        status, payload = await update_weights(body, VLLMLoader(self, scope), self.policy.weight_roots, self.gate)
+        await send_json(send, status, payload)
+
+
+class VLLMLoader:
+    """vLLM's side of `/update_weights` (`inference/update.py`) for one request: check the directory (or pin a
+    marker's transferred weights on every worker), then load it on every worker or as a LoRA adapter; updates
+    always drain (no `in_flight`)."""
+
+    in_flight = False
+
+    def __init__(self, middleware: PrimeRLMiddleware, scope):
+        self.middleware, self.scope = middleware, scope
+
+    async def stage(self, path: Path, step: int) -> tuple[int, Path]:
+        if is_marker_dir(path):
+            return await self.middleware._pin(self.scope, path, step), path
+        await self.middleware._checked(path)
+        return step, path
+
+    async def apply(self, staged: Path, step: int) -> None:
+        await self.middleware._load(self.scope, staged, step)
 
 
 def stamp_token_weight_steps(payload: dict, step: int) -> None:

@@ -187,7 +187,7 @@ def log_ratio_moments(inputs: LossInputs) -> Tensor:
     logprob left out); no gradient. Sum over the step's micro-batches, all-reduce across ranks,
     then `LossScale.with_log_ratio_moments`."""
     with torch.no_grad():
-        return _moments(_prepare(inputs)).cpu()
+        return _moments(token_view(inputs)).cpu()
 
 
 # --------------------------------------------------------------------------------------
@@ -297,8 +297,12 @@ sums over many tokens; the same bound as low_var_kl's clamp of d. Exact for |log
 
 
 @dataclass
-class _Prepared:
-    """Masked, NaN-safe views of the inputs. Everything is 0 (log r) / 1 (r) off `mask`."""
+class TokenView:
+    """What every policy-loss variant reads (`token_view(inputs, scale)`): one micro-batch's tensors [T], masked
+    and NaN-safe. Everything is 0 (log r) / 1 (r) off `mask`, so a variant computes on all T tokens without
+    indexing and garbage off the mask never reaches its math. The public contract of a variant, built-in or
+    custom (`[loss] type = "custom"`, `contract = "view"`): `fn(cfg, view) -> PolicyTerm` (docs/losses.md).
+    `inputs` keeps the raw `LossInputs` (reference and teacher logprobs, entropies)."""
 
     lp: Tensor  # trainer logprobs, 0 off the mask (differentiable)
     log_r: Tensor  # clamp(lp - lq, -B, B), 0 off the mask (differentiable inside the bound)
@@ -315,7 +319,7 @@ class _Prepared:
         return torch.where(self.mask, values, torch.zeros_like(values))
 
 
-def _prepare(inputs: LossInputs, scale: LossScale | None = None) -> _Prepared:
+def token_view(inputs: LossInputs, scale: LossScale | None = None) -> TokenView:
     trained = inputs.loss_mask.bool()
     lp_raw = inputs.trainer_logprobs
     lq_raw = inputs.inference_logprobs.to(lp_raw.dtype)
@@ -326,7 +330,7 @@ def _prepare(inputs: LossInputs, scale: LossScale | None = None) -> _Prepared:
     raw_log_r = lp - torch.where(mask, lq_raw, zero.detach())
     log_r = raw_log_r.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     adv = torch.where(mask, inputs.advantages.to(lp_raw.dtype), zero.detach())
-    return _Prepared(
+    return TokenView(
         lp=lp,
         log_r=log_r,
         r=torch.exp(log_r),
@@ -341,8 +345,9 @@ def _prepare(inputs: LossInputs, scale: LossScale | None = None) -> _Prepared:
 
 
 @dataclass
-class _Term:
-    """A variant's per-token policy loss and what the metrics need."""
+class PolicyTerm:
+    """What a variant returns: its per-token policy loss l_t (before normalization, which the framework applies
+    with the regularizers) and what the shared metrics need (docs/losses.md, "Writing a variant")."""
 
     loss: Tensor  # [T] per-token loss (0 off the mask)
     gate: Tensor  # [T] soft_gate_weight per token (detached)
@@ -351,11 +356,11 @@ class _Term:
     extra: dict[str, Tensor] = field(default_factory=dict)  # extra [sum, count] metrics
     through_ratio: bool = True
     """The gradient reaches lp only through log r (every built-in variant but CISPO, l_t = -sg(.) A lp_t, and
-    gspo_token, exp(lp_t - sg(lp_t))): where the clamp holds log r constant (`_Prepared.clamped`) the gradient
+    gspo_token, exp(lp_t - sg(lp_t))): where the clamp holds log r constant (`TokenView.clamped`) the gradient
     is 0, and so is the reported gate."""
 
 
-def _shaped_advantage(cfg: Any, p: _Prepared) -> Tensor:
+def _shaped_advantage(cfg: Any, p: TokenView) -> Tensor:
     """Â = adv_tau * A + teacher_tau * sg(teacher - lp) - kl_tau * sg(log r), detached."""
     adv = cfg.adv_tau * p.adv
     if cfg.teacher_tau > 0:
@@ -379,7 +384,7 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 
 
 @LOSSES.implements(DefaultLossConfig)
-def default_loss(cfg: DefaultLossConfig, p: _Prepared) -> _Term:
+def default_loss(cfg: DefaultLossConfig, p: TokenView) -> PolicyTerm:
     """AIPO / masked importance sampling.
 
     keep_t = cfg.token_mask_low <= r_t <= cfg.token_mask_high, and the sample is kept:
@@ -410,11 +415,11 @@ def default_loss(cfg: DefaultLossConfig, p: _Prepared) -> _Term:
     loss = -coef.detach() * p.lp
     gate = torch.where(keep, _safe_div(weight, r), torch.zeros_like(r))
     extra = {"loss/sequence_masked_frac": _metric((seq_low_t | seq_high_t).float(), p.mask)}
-    return _Term(loss, gate, clip_low, clip_high, extra)
+    return PolicyTerm(loss, gate, clip_low, clip_high, extra)
 
 
 @LOSSES.implements(SapoLossConfig)
-def sapo_loss(cfg: SapoLossConfig, p: _Prepared) -> _Term:
+def sapo_loss(cfg: SapoLossConfig, p: TokenView) -> PolicyTerm:
     """SAPO: l_t = -f(r_t) Â_t, f(r) = (4/tau) sigmoid(tau (r - 1)), tau = tau_pos if Â > 0 else tau_neg.
 
     d l_t / d lp_t = -4 p (1 - p) r Â with p = sigmoid(tau (r - 1)): the gate is differentiable
@@ -427,11 +432,11 @@ def sapo_loss(cfg: SapoLossConfig, p: _Prepared) -> _Term:
     pd = gate_p.detach()
     gate = p.off_mask_zero(4 * pd * (1 - pd))
     none = torch.zeros_like(p.mask)
-    return _Term(loss, gate, none, none)
+    return PolicyTerm(loss, gate, none, none)
 
 
 @LOSSES.implements(CispoLossConfig)
-def cispo_loss(cfg: CispoLossConfig, p: _Prepared) -> _Term:
+def cispo_loss(cfg: CispoLossConfig, p: TokenView) -> PolicyTerm:
     """CISPO: l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t lp_t (no lower bound when eps_low is None).
 
     Every token keeps a gradient; the weight relative to r A grad lp is clip(r)/r.
@@ -443,17 +448,17 @@ def cispo_loss(cfg: CispoLossConfig, p: _Prepared) -> _Term:
     clip_low = p.mask & (r < low) if low is not None else torch.zeros_like(p.mask)
     clip_high = p.mask & (r > 1 + cfg.eps_high)
     gate = p.off_mask_zero(_safe_div(clipped, r))
-    return _Term(loss, gate, clip_low, clip_high, through_ratio=False)
+    return PolicyTerm(loss, gate, clip_low, clip_high, through_ratio=False)
 
 
 @LOSSES.implements(VanillaLossConfig)
-def vanilla_loss(cfg: VanillaLossConfig, p: _Prepared) -> _Term:
+def vanilla_loss(cfg: VanillaLossConfig, p: TokenView) -> PolicyTerm:
     """Plain importance-sampled policy gradient: l_t = -r_t A_t."""
     none = torch.zeros_like(p.mask)
-    return _Term(-p.r * p.adv, p.mask.to(p.r.dtype), none, none)
+    return PolicyTerm(-p.r * p.adv, p.mask.to(p.r.dtype), none, none)
 
 
-def _opsm_keep(cfg: PPOClipConfig, p: _Prepared) -> Tensor:
+def _opsm_keep(cfg: PPOClipConfig, p: TokenView) -> Tensor:
     """[T] bool, False on the tokens OPSM drops (DeepSeek-V3.2, slime): token t of sample i
     with A_t < 0 while the sample drifted, mean_{k in i}(lq_k - lp_k) > delta. The advantage
     condition is per token (token-level advantages may differ in sign within a sample)."""
@@ -464,7 +469,7 @@ def _opsm_keep(cfg: PPOClipConfig, p: _Prepared) -> Tensor:
 
 
 @LOSSES.implements(GrpoLossConfig, BnpoLossConfig, DrGrpoLossConfig, DapoLossConfig)
-def ppo_clip_loss(cfg: PPOClipConfig, p: _Prepared, ratio: Tensor | None = None) -> _Term:
+def ppo_clip_loss(cfg: PPOClipConfig, p: TokenView, ratio: Tensor | None = None) -> PolicyTerm:
     """GRPO / BNPO / Dr. GRPO / DAPO (they differ in eps and normalization only):
 
     l_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); with dual clip c, for A < 0:
@@ -492,11 +497,11 @@ def ppo_clip_loss(cfg: PPOClipConfig, p: _Prepared, ratio: Tensor | None = None)
     # Tokens OPSM drops count as low-clipped: a negative token of a sample pushed below the sampler.
     clip_low = clip_low | (p.mask & ~keep)
     clip_high = clip_high & ~clip_low
-    return _Term(loss, gate, clip_low, clip_high, extra)
+    return PolicyTerm(loss, gate, clip_low, clip_high, extra)
 
 
 @LOSSES.implements(GspoLossConfig, GspoTokenLossConfig)
-def gspo_loss(cfg: GspoLossConfig, p: _Prepared) -> _Term:
+def gspo_loss(cfg: GspoLossConfig, p: TokenView) -> PolicyTerm:
     """GSPO: s_i = exp(mean_{t in i} log r_t) (gradient flows through it), per token
     l_t = -min(s_i A_t, clip(s_i, 1 - eps_low, 1 + eps_high) A_t).
 
@@ -514,12 +519,12 @@ def gspo_loss(cfg: GspoLossConfig, p: _Prepared) -> _Term:
     clip_low = p.mask & (p.adv < 0) & (sd < lo)
     clip_high = p.mask & (p.adv > 0) & (sd > hi)
     gate = torch.where(p.mask & ~clip_low & ~clip_high, _safe_div(sd, p.r.detach()), torch.zeros_like(sd))
-    return _Term(loss, gate, clip_low, clip_high, {"loss/sequence_ratio": _metric(sd, p.mask)},
+    return PolicyTerm(loss, gate, clip_low, clip_high, {"loss/sequence_ratio": _metric(sd, p.mask)},
                  through_ratio=not isinstance(cfg, GspoTokenLossConfig))
 
 
 @LOSSES.implements(FipoLossConfig)
-def fipo_loss(cfg: FipoLossConfig, p: _Prepared) -> _Term:
+def fipo_loss(cfg: FipoLossConfig, p: TokenView) -> PolicyTerm:
     """FIPO: l_t = f_t * l_t^DAPO with the future influence
     f_t = clip(exp(sum_{k >= t} gamma^(k - t) log r_k), 1 - eps_f, 1 + eps_f) over the sample's
     trained tokens (detached unless detach_influence = false). Clipping happens on the exponent,
@@ -538,18 +543,18 @@ def fipo_loss(cfg: FipoLossConfig, p: _Prepared) -> _Term:
     fd = influence.detach()
     extra = dict(base.extra)
     extra["loss/future_influence"] = _metric(fd, p.mask)
-    return _Term(
+    return PolicyTerm(
         p.off_mask_zero(influence * base.loss), p.off_mask_zero(fd * base.gate), base.clip_low, base.clip_high, extra
     )
 
 
-def _moments(p: _Prepared) -> Tensor:
+def _moments(p: TokenView) -> Tensor:
     """float64 `[sum log r, sum (log r)^2, count]` over `p`'s tokens (see `log_ratio_moments`)."""
     log_r = p.log_r.detach()[p.mask].to(torch.float64)
     return torch.stack([log_r.sum(), (log_r**2).sum(), log_r.new_tensor(float(log_r.numel()))])
 
 
-def _log_ratio_variance(p: _Prepared) -> float:
+def _log_ratio_variance(p: TokenView) -> float:
     """Unbiased variance of log r over the step's trained tokens, from the step's moments
     `[S1, S2, n]` (`LossScale.log_ratio_moments`; this call's own when absent):
     sigma2 = (S2 - S1^2 / n) / (n - 1), 0 when n < 2 (float64 sums, a Python float)."""
@@ -560,7 +565,7 @@ def _log_ratio_variance(p: _Prepared) -> float:
 
 
 @LOSSES.implements(IsReshapeLossConfig)
-def is_reshape_loss(cfg: IsReshapeLossConfig, p: _Prepared) -> _Term:
+def is_reshape_loss(cfg: IsReshapeLossConfig, p: TokenView) -> PolicyTerm:
     """Rényi IS reshape: l_t = -w_g A with w_g = exp(gamma_t log w_t), log w = lp - lq and
 
     sigma2       = unbiased variance of log w over the STEP's trained tokens (all micro-batches and
@@ -592,15 +597,23 @@ def is_reshape_loss(cfg: IsReshapeLossConfig, p: _Prepared) -> _Term:
         "loss/gamma": _metric(gamma, p.mask),
         "loss/is_ratio_used": _metric(w_g.detach(), p.mask),
     }
-    return _Term(loss, gate, torch.zeros_like(p.mask), clip_high, extra)
+    return PolicyTerm(loss, gate, torch.zeros_like(p.mask), clip_high, extra)
 
 
 @LOSSES.implements(CustomLossConfig)
-def custom_loss(cfg: CustomLossConfig, p: _Prepared) -> _Term:
-    """User function `fn(inputs, **kwargs)` returning per-token losses [T], a summed loss (0-dim),
-    or `(loss, metrics)` with per-token metric tensors [T] (logged as `loss/<name>`, averaged over
-    trained tokens). The framework masks and normalizes; it reports no soft gate for it."""
+def custom_loss(cfg: CustomLossConfig, p: TokenView) -> PolicyTerm:
+    """User function, imported by path. `contract = "view"`: the built-in variants' contract,
+    `fn(view: TokenView, **kwargs) -> PolicyTerm` (its gate and clip flags reported like theirs).
+    `contract = "inputs"`: `fn(inputs: LossInputs, **kwargs)` returning per-token losses [T], a summed loss
+    (0-dim), or `(loss, metrics)` with per-token metric tensors [T] (logged as `loss/<name>`, averaged over
+    trained tokens); the framework masks and normalizes and reports no soft gate for it."""
     fn = import_callable(cfg.import_path)
+    if cfg.contract == "view":
+        term = fn(p, **cfg.kwargs)
+        if not isinstance(term, PolicyTerm):
+            raise TypeError(f"custom loss {cfg.import_path} (contract 'view') returned {type(term).__name__}, "
+                            "expected a PolicyTerm")
+        return term
     result = fn(p.inputs, **cfg.kwargs)
     user_metrics: dict[str, Tensor] = {}
     if isinstance(result, tuple):
@@ -622,7 +635,7 @@ def custom_loss(cfg: CustomLossConfig, p: _Prepared) -> _Term:
         )
     extra = {f"loss/{name.removeprefix('loss/')}": _metric(value, p.mask) for name, value in user_metrics.items()}
     none = torch.zeros_like(p.mask)
-    return _Term(loss, torch.zeros_like(p.r), none, none, extra)
+    return PolicyTerm(loss, torch.zeros_like(p.r), none, none, extra)
 
 
 # --------------------------------------------------------------------------------------
@@ -653,7 +666,7 @@ def kl_estimate(lp: Tensor, ref: Tensor, kl_type: str) -> Tensor:
     raise ValueError(f"unknown kl_type {kl_type!r}")
 
 
-def _regularizers(cfg: Any, p: _Prepared, metrics: dict[str, Tensor]) -> Tensor:
+def _regularizers(cfg: Any, p: TokenView, metrics: dict[str, Tensor]) -> Tensor:
     """kl_coef * KL(lp, ref) - entropy_coef * entropy per token; records loss/kl_ref, loss/entropy,
     and loss/teacher_kl = mean(lp - teacher) when the batch has teacher logprobs."""
     extra = torch.zeros_like(p.lp)
@@ -727,7 +740,7 @@ class Loss:
 
     def __call__(self, inputs: LossInputs, scale: LossScale) -> LossOutputs:
         cfg = self.config
-        p = _prepare(inputs, scale)
+        p = token_view(inputs, scale)
         term = self._variant(cfg, p)
         metrics: dict[str, Tensor] = {
             "loss/importance_ratio": _metric(p.r, p.mask),
@@ -737,7 +750,7 @@ class Loss:
             "loss/ratio_clamped_frac": _metric(p.clamped.float(), p.mask),
             "loss/nonfinite_ratio_frac": _metric((p.trained & ~p.mask).float(), p.trained),
         }
-        if cfg.type != "custom":
+        if cfg.type != "custom" or cfg.contract == "view":
             gate = term.gate.masked_fill(p.clamped, 0.0) if term.through_ratio else term.gate
             metrics["loss/soft_gate_weight"] = _metric(gate.clamp(max=1.0), p.mask)
             metrics["loss/soft_gate_amplified_frac"] = _metric((gate > 1).float(), p.mask)
