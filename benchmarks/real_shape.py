@@ -58,7 +58,7 @@ def one(row_len: int, steps: int, full_logits: bool, chunk_elements: int | None)
     timed = [r for r in rows if r["source"] == "trainer"][1:]
     gpu = {"gpu": torch.cuda.get_device_name(), "peak_gpu_gib": max(r["perf/peak_memory_gib"] for r in timed)} \
         if torch.cuda.is_available() else {}
-    return {"row_len": row_len, "full_logits": full_logits, "chunk_tokens": lm_head.chunk_tokens(spec.tokenizer_len),
+    return {"row_len": row_len, "full_logits": full_logits, "chunk_tokens": lm_head.chunk_tokens(spec.vocab_size, device=torch.device("cuda" if torch.cuda.is_available() else "cpu")),
             "threads": torch.get_num_threads(), **gpu,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "step_time_s": round(statistics.median(r["perf/step_time_s"] for r in timed), 2),

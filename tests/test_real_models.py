@@ -81,12 +81,15 @@ def test_a_model_whose_padded_rows_dominate_never_samples_them_and_trains_on_pol
     assert all(row["rollout/env_error_frac"] == 0 for row in run.rows("orchestrator").values())
 
 
-def test_the_sft_example_trains_the_model_given_on_the_command_line(tmp_path, qwen3_tiny_model):
+@pytest.mark.parametrize(("name", "architecture", "rows"), [("qwen3", "Qwen3ForCausalLM", 151_936),
+                                                             ("llama3", "LlamaForCausalLM", 128_256)])
+def test_the_sft_example_trains_the_model_given_on_the_command_line(request, tmp_path, name, architecture, rows):
     out = tmp_path / "sft"
     done = run_entrypoint("sft", "@", str(REPO / "examples/reverse_text/sft.toml"), "--model.name",
-                          str(qwen3_tiny_model), "--output-dir", str(out), "--max-steps", "2", "--batch-size", "4",
-                          "--weights-interval", "2", "--eval.interval", "2", "--eval.num-examples", "2")
+                          str(request.getfixturevalue(f"{name}_tiny_model")), "--output-dir", str(out), "--max-steps",
+                          "2", "--batch-size", "4", "--weights-interval", "2", "--eval.interval", "2",
+                          "--eval.num-examples", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ignoring [init]" in done.stderr
     trained = AutoModelForCausalLM.from_pretrained(out / "weights" / "step_2")
-    assert trained.config.vocab_size == 151_936 and type(trained).__name__ == "Qwen3ForCausalLM"
+    assert trained.config.vocab_size == rows and type(trained).__name__ == architecture

@@ -196,11 +196,19 @@ def test_model_config_without_a_context_length_skips_the_check(tmp_path):
     assert build(RLConfig, "--model.name", path, "--orchestrator.sampling.max-tokens", 1000)
 
 
-@pytest.mark.parametrize("name", ["./outputs/not-yet/weights/step_10", "some-org/not-downloaded-model"])
-def test_models_not_on_this_machine_are_skipped_at_load(name):
-    # (the example rl.tomls name the output of their sft step; a hub model may download at start)
+def test_a_hub_model_not_on_this_machine_is_skipped_at_load():
+    # (a hub name may be in the Hugging Face cache; the server finds out)
+    name = "some-org/not-downloaded-model"
     assert build(RLConfig, "--model.name", name, "--orchestrator.sampling.max-tokens", 100000,
                  "--seq-len", 200000).model.name == name
+
+
+def test_a_local_model_path_that_does_not_exist_yet_is_one_line_at_load(capsys):
+    """The example rl.tomls name the output of their sft step: before it ran, rl stops at once (not after the
+    servers' start-up), naming the model key; a SLURM script rendered for later is not checked."""
+    err = one_line_exit_2(capsys, RLConfig, "--model.name", "./outputs/not-yet/weights/step_10", "--dry-run")
+    assert "model.name: model './outputs/not-yet/weights/step_10': no such directory" in err
+    assert build(RLConfig, "--model.name", "./outputs/not-yet/weights/step_10", "--slurm.partition", "gpu")
 
 
 # ---------------------------------------------------------------------------- contradictions

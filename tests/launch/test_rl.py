@@ -83,7 +83,7 @@ def test_plot_and_summary(tmp_path):
     tail.poll()
     assert write_plot(tail, tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     text = "\n".join(summary_lines(tail, 12.0, tmp_path))
-    assert "steps trained: 4" in text and "0.000 (step 0) -> 0.300 (step 3)" in text
+    assert "steps trained: 4" in text and "0.000 (step 1) -> 0.300 (step 4)" in text  # 1-based, as the progress
 
 
 def _alive(pid: int) -> bool:
@@ -305,3 +305,66 @@ def test_a_split_node_checks_only_the_gpus_of_what_it_starts(tmp_path, monkeypat
     assert assign_devices(server_node) == ("", "")  # no GPU here; the trainer's ids belong to another node
     with pytest.raises(ConfigError, match="no CUDA device"):
         assign_devices(rl_config(tmp_path, "--deployment.inference-gpu-ids", "[0]"))
+
+
+def test_a_teacher_that_does_not_exist_yet_stops_rl_at_config_time_naming_the_command(tmp_path, monkeypatch):
+    """examples/reverse_text/rl_opd.toml before its teacher run: one line naming rl_teacher.toml, exit 2, no
+    output directory, no process started."""
+    from tests.support import REPO
+    from tests.support.entrypoints import run_entrypoint
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "run"
+    done = run_entrypoint("rl", "@", "examples/reverse_text/rl_opd.toml", "--output-dir", str(out),
+                          "--teacher.model.name", "outputs/reverse_text_teacher/weights/step_999999")
+    assert done.returncode == 2
+    assert "teacher.model.name" in done.stderr and "uv run rl @ examples/reverse_text/rl_teacher.toml" in done.stderr
+    assert not out.exists()
+
+
+def test_the_progress_line_shows_loss_kl_both_step_times_elapsed_and_eta_with_1_based_steps(tmp_path):
+    """A run whose orchestrator is the slow side (23.7 s of rollouts, 0.1 s of training) says so on the console,
+    and steps count from 1 in the progress lines and the summary alike."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from prime_rl.launch.rl import ProgressView
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 0, "source": "orchestrator", "reward/mean": 0.25, "perf/step_time_s": 23.7})
+                    + "\n" + json.dumps({"step": 0, "source": "trainer", "perf/step_time_s": 0.1, "loss/total": 0.0123,
+                                         "loss/mismatch_kl": 1.5e-7, "loss/importance_ratio": 1.0}) + "\n")
+    out = StringIO()
+    view = ProgressView(Console(file=out, force_terminal=False, width=400), total=3)
+    tail = MetricsTail(path)
+    tail.poll()
+    view.update(tail)
+    line = out.getvalue().strip()
+    assert line.startswith("step 1/3  reward 0.250  loss 0.0123  kl 1.5e-07  trainer 0.1s  rollouts 23.7s  elapsed 0:")
+    assert "eta 0:" in line
+    assert "(step 1)" in "\n".join(summary_lines(tail, 1.0, tmp_path))
+
+
+def test_the_plot_has_a_panel_per_metric_with_n_a_for_absent_ones_and_turn_panels_for_multi_turn_runs(tmp_path,
+                                                                                                        monkeypatch):
+    import matplotlib.axes
+
+    from prime_rl.launch import report
+
+    texts, panels = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, *a, **k: texts.append(a[2]))
+    original = matplotlib.axes.Axes.set_ylabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
+                        lambda self, label, **k: (panels.append(label), original(self, label, **k)))
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        for step in range(3):  # a custom loss: no soft gate; a multi-turn environment
+            f.write(json.dumps({"step": step, "source": "orchestrator", "reward/mean": 0.1 * step,
+                                "rollout/turns_mean": 2.5, "rollout/tool_calls_mean": 1.0}) + "\n")
+            f.write(json.dumps({"step": step, "source": "trainer", "loss/total": 0.1, "loss/mismatch_kl": 0.0}) + "\n")
+    tail = MetricsTail(path)
+    tail.poll()
+    assert report.write_plot(tail, tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    assert panels == [title for _, _, title in report.PLOTTED + report.MULTI_TURN_PLOTTED]
+    assert texts.count("n/a") == 6  # entropy, grad norm, importance ratio, soft gate, completion tokens, lag

@@ -110,3 +110,20 @@ def test_greedy_is_for_eval_only():
     assert config.eval.temperature == 0.0 and config.sampling.temperature == 1.0
     with pytest.raises(ConfigError, match=r"eval.temperature': Input should be a finite number"):
         build("--eval.temperature", "inf")
+
+
+def test_an_environment_named_by_import_path_is_named_by_its_id_in_metrics():
+    from prime_rl.orchestrator.config import EnvConfig
+
+    assert EnvConfig(id="prime_rl.envs.reverse_text:ReverseTextEnv").metric_name == "reverse-text"
+    assert EnvConfig(id="tests.support.multi_turn_envs:ToolChat").metric_name == "tool-chat"
+    assert EnvConfig(id="tests.support.multi_turn_envs:ToolChat", name="mine").metric_name == "mine"
+    with pytest.raises(ValueError, match="names must be unique, repeated: reverse-text"):
+        OrchestratorConfig.build([], {"env": [{"id": "reverse-text"},
+                                              {"id": "prime_rl.envs.reverse_text:ReverseTextEnv"}]})
+
+
+@pytest.mark.parametrize("key", ["chat_template", "self", "conversations"])
+def test_chat_template_kwargs_that_are_renderer_arguments_are_refused_at_load(key):
+    with pytest.raises(ValueError, match=f"may not set {key}"):
+        OrchestratorConfig.build([], {"chat_template_kwargs": {key: "x"}})

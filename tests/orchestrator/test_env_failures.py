@@ -97,18 +97,16 @@ class PaddedIdClient:
 
 
 def test_a_sampled_id_past_the_tokenizer_fails_its_rollout_alone(caplog, monkeypatch):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(rollouts, "_unsampleable", collections.Counter())
     caplog.set_level(logging.WARNING)
-    draw = Draw("flaky", Flaky(), EXAMPLE, EnvConfig())
     settings = rollouts.RolloutSettings(max_tokens=8, vocab=100)
-    (group,) = asyncio.run(rollouts.generate_groups(PaddedIdClient(), [draw], 2, None, settings, [0]))
-    assert group.rewards == [1.0, 0.0]
-    assert group.errors == [None, "the server sampled token id 150, past the tokenizer's 100 ids"]
-    kept, cut = group.result.completions
-    assert kept.token_ids == [5, 6, 7] and cut.token_ids == [5] and cut.logprobs == [-0.1] and cut.weight_steps == [0]
-    assert cut.truncated  # the cut rollout is not a finished answer
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert "token id 150" in warning and "\n" not in warning
-    with pytest.raises(EnvironmentFailed, match="token id 150"):  # on_error = "fail" stops with that line
-        asyncio.run(rollouts.generate_groups(PaddedIdClient(), [Draw("flaky", Flaky(), EXAMPLE,
-                                             EnvConfig(on_error="fail"))], 2, None, settings, [0]))
+    for on_error in ("zero", "fail"):  # the server made the id, not the environment: never a stopped run
+        draw = Draw("flaky", Flaky(), EXAMPLE, EnvConfig(on_error=on_error))
+        (group,) = asyncio.run(rollouts.generate_groups(PaddedIdClient(), [draw], 2, None, settings, [0]))
+        assert group.rewards == [1.0, 0.0]
+        assert group.errors == [None, "the server sampled token id 150, past the tokenizer's 100 ids"]
+        kept, cut = group.result.completions
+        assert kept.token_ids == [5, 6, 7] and cut.token_ids == [5] and cut.logprobs == [-0.1]
+        assert cut.weight_steps == [0] and not cut.truncated  # a truncated_reward must not replace its 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("token id 150" in w and "\n" not in w for w in warnings)

@@ -19,7 +19,7 @@ from prime_rl.orchestrator.rollouts import Draw, score_group
     ("<think>\nreverse it\n</think>\n\ncba", Split("reverse it", "cba")),
     ("reverse it\n</think>\n\ncba", Split("reverse it", "cba")),  # Qwen3 put <think> in the generation prompt
     ("<think>\n\n</think>\n\ncba", Split("", "cba")),  # enable_thinking = false: an empty block
-    ("  <think>a</think>b</think>c", Split("a", "b</think>c")),  # the first end tag closes the reasoning
+    ("  <think>a</think>b</think>c", Split("a</think>b", "c")),  # the last end tag closes it (as Qwen3 splits)
     ("<think>\nstill thinking when the budget ran out", Split("still thinking when the budget ran out", "", True)),
     ("cba", Split(None, "cba")),
     ("", Split(None, "")),
@@ -27,6 +27,12 @@ from prime_rl.orchestrator.rollouts import Draw, score_group
 ])
 def test_a_completion_splits_at_the_end_of_its_reasoning(text, expected):
     assert split_reasoning(text) == expected
+
+
+def test_a_prompt_that_opens_the_reasoning_makes_an_unclosed_completion_unfinished():
+    assert split_reasoning("maybe 42. Or 48", opened=True) == Split("maybe 42. Or 48", "", True)
+    assert split_reasoning("maybe 42.</think>\n48", opened=True) == Split("maybe 42.", "48")
+    assert split_reasoning("maybe 42. Or 48") == Split(None, "maybe 42. Or 48")
 
 
 def test_other_tags_split_the_same_way():

@@ -200,3 +200,13 @@ def test_on_cuda_in_bf16_a_long_row_matches_the_full_logits_in_a_fraction_of_the
         cosine = torch.nn.functional.cosine_similarity(mine.flatten(), theirs.flatten(), dim=0)
         assert cosine > 0.999, cosine
     assert peak < full_peak / 4, (peak, full_peak)
+
+
+@torch.no_grad()
+def test_hidden_states_alone_are_those_of_the_full_forward(model):
+    """The value head's V_old pass takes hidden states without logits (`forward_hidden`)."""
+    from prime_rl.trainer.model import forward_hidden
+
+    rows = rows_with_shared_prompt()
+    for mine, theirs in zip(forward_hidden(model, rows), forward_rows(model, rows, hidden=True)[1], strict=True):
+        torch.testing.assert_close(mine, theirs)

@@ -162,3 +162,22 @@ def test_rows_of_different_lengths_in_one_forward(model):
         alone = forward_rows_logits(model, [row])[0]
         assert logits.shape == alone.shape
         torch.testing.assert_close(logits, alone, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_rows_of_one_whole_sample_need_no_mask_and_score_as_with_one(tiny_model_dir, attn):
+    """A layout whose every row is one sample (long rollouts) is plain causal: no [B, 1, W, W] mask is built, and
+    the logprobs equal those of the same forward with the explicit mask."""
+    net = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn).eval()
+    rows = [packed(samples([40], seed=1)), packed(samples([40], seed=2))]
+    layout = padded_layout(rows)
+    assert layout.attention_mask is None
+    lp = [lp for lp, _ in compute_rows_logprobs(net, rows)]
+    explicit = torch.ones(2, 1, 40, 40, dtype=torch.bool).tril()
+    if attn == "eager":
+        explicit = torch.zeros(explicit.shape).masked_fill(~explicit, torch.finfo(torch.float32).min)
+    logits = net(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=explicit).logits
+    for r, (ids, _, lens) in enumerate(rows):
+        torch.testing.assert_close(lp[r], token_logprobs(logits[r], ids, lens)[0], atol=1e-5, rtol=0)
+    assert padded_layout([rows[0], packed(samples([20], seed=3))]).attention_mask is not None  # padding: a mask

@@ -33,3 +33,19 @@ def test_existing_local_directory_passes_through(tmp_path):
 def test_missing_local_path_is_a_clear_error(name):
     with pytest.raises(UserError, match="no such directory"):
         resolve_model_path(name)
+
+
+def test_a_missing_run_output_names_the_example_that_writes_it(tmp_path, monkeypatch):
+    from prime_rl.utils.embedded_models import resolve_model_path, writer_hint
+    from prime_rl.utils.errors import UserError
+
+    (tmp_path / "examples" / "task").mkdir(parents=True)
+    (tmp_path / "examples" / "task" / "sft.toml").write_text('output_dir = "outputs/task-sft"\n')
+    (tmp_path / "examples" / "task" / "rl.toml").write_text('output_dir = "outputs/task"\n')
+    monkeypatch.chdir(tmp_path)
+    assert writer_hint("outputs/task-sft/weights/step_60") == \
+        "it is written by `uv run sft @ examples/task/sft.toml`: run that first"
+    assert "uv run rl @ examples/task/rl.toml" in writer_hint("outputs/task/weights/step_9")
+    assert writer_hint("outputs/other/weights/step_9") == "a run with output_dir = 'outputs/other' writes it: run that first"
+    with pytest.raises(UserError, match="no such directory .*uv run sft @ examples/task/sft.toml"):
+        resolve_model_path("outputs/task-sft/weights/step_60")

@@ -10,11 +10,20 @@ from pathlib import Path
 
 from prime_rl.utils.fs import atomic_path
 
-PLOTTED = (
+PLOTTED = (  # (key, source, title); a panel whose series is absent (a loss without a soft gate) says n/a
     ("reward/mean", "orchestrator", "reward"),
+    ("loss/total", "trainer", "loss"),
+    ("loss/entropy", "trainer", "entropy"),
+    ("optim/grad_norm", "trainer", "grad norm"),
+    ("loss/mismatch_kl", "trainer", "mismatch KL"),
     ("loss/importance_ratio", "trainer", "importance ratio"),
     ("loss/soft_gate_weight", "trainer", "soft gate weight"),
+    ("seq_len/completion_mean", "orchestrator", "completion tokens"),
     ("async/policy_lag_mean", "orchestrator", "policy lag (steps)"),
+)
+MULTI_TURN_PLOTTED = (  # added when any step had more than one turn per rollout
+    ("rollout/turns_mean", "orchestrator", "turns per rollout"),
+    ("rollout/tool_calls_mean", "orchestrator", "tool calls per rollout"),
 )
 
 
@@ -95,7 +104,7 @@ def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[st
         steps = sorted(rewards)
         last5 = [rewards[s] for s in steps[-5:]]
         lines.append(
-            f"reward: {rewards[steps[0]]:.3f} (step {steps[0]}) -> {rewards[steps[-1]]:.3f} (step {steps[-1]}); "
+            f"reward: {rewards[steps[0]]:.3f} (step {steps[0] + 1}) -> {rewards[steps[-1]]:.3f} (step {steps[-1] + 1}); "
             f"mean of last {len(last5)}: {sum(last5) / len(last5):.3f}"
         )
     lines.append(f"wall time: {wall_s:.0f}s")
@@ -104,22 +113,34 @@ def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[st
 
 
 def write_plot(tail: MetricsTail, path: Path) -> Path | None:
-    """Plot reward, importance ratio, soft gate weight and policy lag over steps."""
+    """Plot `PLOTTED` (and `MULTI_TURN_PLOTTED` for multi-turn runs) over 1-based steps, in two columns; a metric
+    the run does not log is an empty panel marked n/a. None when nothing was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    panels = [(title, tail.get(source, key)) for key, source, title in PLOTTED]
+    plotted = PLOTTED
+    if any(turns > 1 for turns in tail.get("orchestrator", "rollout/turns_mean").values()):
+        plotted += MULTI_TURN_PLOTTED
+    panels = [(title, tail.get(source, key)) for key, source, title in plotted]
     if not any(values for _, values in panels):
         return None
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels)), sharex=True)
-    for ax, (title, values) in zip(axes, panels, strict=True):
+    rows = -(-len(panels) // 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 2.1 * rows), sharex=True, squeeze=False)
+    for ax, (title, values) in zip(axes.flat, panels, strict=False):
         steps = sorted(values)
-        ax.plot(steps, [values[s] for s in steps], marker=".")
+        ax.plot([s + 1 for s in steps], [values[s] for s in steps], marker=".")
+        if not values:
+            ax.text(0.5, 0.5, "n/a", transform=ax.transAxes, ha="center", va="center", color="gray")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

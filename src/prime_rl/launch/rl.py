@@ -149,6 +149,8 @@ class ProgressView:
     def __init__(self, console: Console, total: int, start: int = 0):
         self.console = console
         self.total = total
+        self.start = start
+        self.started = time.monotonic()
         self.shown_step = start  # a resumed run starts at its checkpoint step
         self.bar = None
         if console.is_terminal:
@@ -169,9 +171,11 @@ class ProgressView:
             if warning is not None:
                 self.console.print(f"step {new + 1}/{self.total}: warning: {warning}")
         self.shown_step = step + 1
-        reward = tail.get("orchestrator", "reward/mean").get(step)  # of the batch just trained on
-        info = f"reward {reward:.3f}  " if reward is not None else ""
-        info += f"step time {step_time:.1f}s"
+        info = progress_info(tail, step, step_time)
+        if self.bar is None:  # a log file or pipe: elapsed time and ETA in the line (a terminal's bar shows elapsed)
+            done = self.shown_step - self.start
+            elapsed = time.monotonic() - self.started
+            info += f"  elapsed {clock(elapsed)}  eta {clock(elapsed / max(done, 1) * (self.total - self.shown_step))}"
         if self.bar is not None:
             self.bar.update(self.task, completed=self.shown_step, info=info)
         else:
@@ -180,6 +184,30 @@ class ProgressView:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def progress_info(tail: MetricsTail, step: int, trainer_s: float) -> str:
+    """What a progress line says of 0-based `step`: reward (of the batch trained on), loss, mismatch KL, and the
+    trainer's and the orchestrator's own step times (the slower one sets the pace)."""
+    parts = []
+    for label, source, key, form in (("reward", "orchestrator", "reward/mean", "{:.3f}"),
+                                     ("loss", "trainer", "loss/total", "{:.4g}"),
+                                     ("kl", "trainer", "loss/mismatch_kl", "{:.2g}")):
+        value = tail.get(source, key).get(step)
+        if value is not None:
+            parts.append(f"{label} {form.format(value)}")
+    parts.append(f"trainer {trainer_s:.1f}s")
+    rollouts_s = tail.get("orchestrator", "perf/step_time_s").get(step)
+    if rollouts_s is not None:
+        parts.append(f"rollouts {rollouts_s:.1f}s")
+    return "  ".join(parts)
+
+
+def clock(seconds: float) -> str:
+    """h:mm:ss (or m:ss under an hour)."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def spare_server(children: dict[str, Child], dead: Child, reported: set[str]) -> bool:

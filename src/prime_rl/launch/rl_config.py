@@ -21,6 +21,7 @@ from prime_rl.configs.shared import CkptConfig, RunConfig, WeightTransferConfig
 from prime_rl.inference.config import InferenceConfig, resolved_backend
 from prime_rl.orchestrator.config import OrchestratorConfig, TeacherConfig
 from prime_rl.trainer.config import TrainerConfig
+from prime_rl.utils.errors import UserError
 
 SHARED_KEYS = ("model", "output_dir", "max_steps", "seq_len", "seed", "wandb", "max_async_level", "loss", "ckpt",
                "teacher", "weight_transfer")
@@ -154,6 +155,21 @@ class RLConfig(RunConfig):
         recorded.get("ckpt", {}).pop("resume_step", None)  # a later run resumes where it is told, not here again
         return recorded
 
+    def _check_models_exist(self) -> None:
+        """A model rl loads must be there before anything starts (not after the servers' start-up): the policy and
+        a teacher rl serves, each a one-line error naming the command that writes it. A SLURM script is rendered
+        for later, when an earlier job may have written them: not checked then."""
+        if self.slurm is not None:
+            return
+        models = [("model", self.model)]
+        if self.teacher is not None and self.teacher.base_url is None:
+            models.append(("teacher.model", self.teacher.model))
+        for key, model in models:
+            try:
+                model.path  # noqa: B018  (resolving it checks it)
+            except UserError as exc:
+                raise ValueError(f"{key}.name: {exc}") from None
+
     def _check_split(self) -> None:
         """A split run (`deployment.components`): each rl must know what the others run. The orchestrator needs the
         remote server's URL, the server a fixed port, both one API key given to every rl (a random one cannot be
@@ -215,6 +231,7 @@ class RLConfig(RunConfig):
             raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
                              "builtin backend has (inference.backend)")
         self._check_split()
+        self._check_models_exist()
         if self.weight_transfer.mode == "distributed":
             if self.deployment.split:
                 raise ValueError("weight_transfer.mode = 'distributed' needs every component in one rl (a split run "

@@ -16,6 +16,7 @@ from prime_rl.configs.validators import ApiKey
 from prime_rl.envs import ENVIRONMENTS, load_env
 from prime_rl.inference.config import BACKENDS, resolved_backend
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.imports import import_object
 from prime_rl.utils.sampling_rule import SamplingRule
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -55,7 +56,8 @@ class EnvConfig(BaseConfig):
     weight: PositiveFloat = 1.0
     """Relative probability that a prompt is drawn from this environment."""
     name: str | None = None
-    """Name in metrics (reward/<name>/...); default: the id. Must be unique."""
+    """Name in metrics (reward/<name>/...); default: the environment's `id` (for a class named by import path,
+    its class attribute `id`, not the path). Must be unique."""
     score_timeout_s: PositiveFloat = 60.0
     """Longest one `score` (or `score_group`) call may take; past it the rollout fails (see on_error)."""
     respond_timeout_s: PositiveFloat = 60.0
@@ -69,7 +71,12 @@ class EnvConfig(BaseConfig):
 
     @property
     def metric_name(self) -> str:
-        return self.name or self.id
+        if self.name:
+            return self.name
+        if ":" in self.id:  # "pkg.module:Class": the class's own id reads better in metrics than its path
+            cls = import_object(self.id)
+            return getattr(cls, "id", None) or self.id
+        return self.id
 
     @model_validator(mode="after")
     def _loadable(self) -> EnvConfig:
@@ -103,7 +110,11 @@ class ReasoningConfig(BaseConfig):
     start_tag: str = "<think>"
     """Opens the reasoning (it may be in the generation prompt instead of the completion, as Qwen3's template puts it)."""
     end_tag: Annotated[str, Field(min_length=1)] = "</think>"
-    """Closes the reasoning; the answer is what follows it."""
+    """Closes the reasoning; the answer is what follows its last occurrence."""
+    opened_by_prompt: bool = False
+    """The chat template ends the generation prompt with start_tag (DeepSeek-R1, Qwen3's 2507 thinking models), so
+    a completion without end_tag ran out of tokens while thinking: all reasoning, an empty answer. False (Qwen3,
+    which samples <think> itself): such a completion is all answer unless it begins with start_tag."""
 
 
 class SamplingConfig(BaseConfig):
@@ -230,6 +241,13 @@ class OrchestratorConfig(RunConfig):
     multi-turn rollouts render the turns themselves. Give SFT the same (`data.chat_template_kwargs`)."""
     reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
     """How a completion splits into reasoning and answer (`<think>` blocks): which part the reward scores."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from prime_rl.utils.chat_tokens import check_template_kwargs
+
+        return check_template_kwargs(value)
     """Sampling of training rollouts."""
     advantage: AdvantageConfig = Field(default_factory=GrpoAdvantageConfig)
     """How rewards become advantages (see docs/orchestrator.md)."""

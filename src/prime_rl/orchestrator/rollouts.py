@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = get_logger("orchestrator")
 WARN_FIRST = 5  # failed scorings logged one line each per environment; after that only the 10th, 100th, ...
 _failures: collections.Counter[str] = collections.Counter()
+_unsampleable: collections.Counter[str] = collections.Counter()  # rollouts cut by `cut_unsampleable`
 
 
 @dataclass
@@ -63,7 +64,7 @@ class TurnStats:
         the answer, or all of `text` without a parser."""
         if reasoning is None or reasoning.parser == "none":
             return text
-        split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag)
+        split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag, reasoning.opened_by_prompt)
         self.reasoning_chars += len(split.reasoning or "")
         self.unfinished_reasoning = split.unfinished
         return split.answer
@@ -226,8 +227,9 @@ async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | 
 
 def cut_unsampleable(draw: Draw, result: ChatResult, vocab: int | None, failed: list[str | None]) -> list[str | None]:
     """Cut every completion at its first token id >= `vocab` (the tokenizer's ids, `utils.vocabulary`: a padded
-    row of the output embedding that a server sampled; vLLM does not mask them) and fail that rollout alone
-    (`report_failure`: reward 0), so no trainer ever scores an id outside the sampled vocabulary."""
+    row of the output embedding that a server sampled; vLLM does not mask them) and fail that rollout alone:
+    reward 0 and a sparse warning, whatever the environment's `on_error` (the server, not the environment, made
+    it), so no trainer ever scores an id outside the sampled vocabulary and no such sample ends a run."""
     if vocab is None:
         return failed
     failed = list(failed)
@@ -238,8 +240,12 @@ def cut_unsampleable(draw: Draw, result: ChatResult, vocab: int | None, failed: 
         why = f"the server sampled token id {c.token_ids[bad]}, past the tokenizer's {vocab} ids"
         c.token_ids, c.logprobs, c.weight_steps = c.token_ids[:bad], c.logprobs[:bad], c.weight_steps[:bad]
         c.mask = None if c.mask is None else c.mask[:bad]
-        c.finish_reason = "length"
-        failed[i] = failed[i] or report_failure(draw, why)
+        _unsampleable[draw.env] += 1
+        count = _unsampleable[draw.env]
+        if count <= WARN_FIRST or math.log10(count).is_integer():
+            log.warning(f"environment '{draw.env}': {why}: the rollout is cut there and scores 0 (rollout {count} "
+                        "of this environment; rollout/env_error_frac)")
+        failed[i] = failed[i] or why
     return failed
 
 

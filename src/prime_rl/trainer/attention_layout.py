@@ -39,7 +39,7 @@ NO_ROOT = -2  # the root id of a token that is not in a branch
 class ForwardLayout:
     input_ids: torch.Tensor  # long [B, W]
     position_ids: torch.Tensor  # long [B, W]
-    attention_mask: torch.Tensor | None  # bool [B, 1, W, W] (None for flash: [1, N] rows restart positions)
+    attention_mask: torch.Tensor | None  # bool [B, 1, W, W]; None: plain causal (flash: rows restart positions)
     index: list[torch.Tensor]  # per input row: long [T_r] into the flattened logits
     keep: torch.Tensor | None = None  # long [K]: the sequence positions to compute logits for (B = 1), None: all
 
@@ -88,11 +88,16 @@ def padded_layout(rows: list[Row], pad_id: int = 0) -> ForwardLayout:
             index[r][first:first + n] = b * width + at + torch.arange(n)
             segments += len(seg_lens)
             at += n
+    device = rows[0][0].device
+    index = [i.to(device) for i in index]
+    if bool((seg == seg[:, :1]).all()) and bool((seg[:, 0] >= 0).all()):
+        # Every row is one whole segment: the mask is plain causal, which attention computes without one
+        # (no [B, W, W] mask: 1 GB as float at W = 16k).
+        return ForwardLayout(ids.to(device), pos.to(device), None, index)
     # Padding is one segment per row, causal among itself (so no query row is fully masked).
     same = (seg[:, None, :] == seg[:, :, None]) & torch.ones(width, width, dtype=torch.bool).tril()
     mask = same | (seg[:, None, :] == root[:, :, None])
-    device = rows[0][0].device
-    return ForwardLayout(ids.to(device), pos.to(device), mask[:, None].to(device), [i.to(device) for i in index])
+    return ForwardLayout(ids.to(device), pos.to(device), mask[:, None].to(device), index)
 
 
 def flash_layout(rows: list[Row]) -> ForwardLayout:

@@ -22,7 +22,7 @@ from prime_rl.trainer.attention_layout import ForwardLayout, Row, flash_layout, 
 from prime_rl.trainer.config import ModelInitConfig, RuntimeConfig
 from prime_rl.trainer.lm_head import token_stats_head
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.lm_head import head_output_is_logits
+from prime_rl.utils.lm_head import head_output_is_logits, output_embedding_as
 from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
 
 
@@ -165,6 +165,17 @@ def forward_rows(model: nn.Module, rows: list[Row], pad_id: int = 0,
     return _in_row_order(out, layout), (_in_row_order(captured, layout) if hidden else None)
 
 
+def forward_hidden(model: nn.Module, rows: list[Row], pad_id: int = 0) -> list[torch.Tensor]:
+    """The final hidden states [T_i, H] (float32) of `forward_rows`, without computing logits where the model
+    allows (`utils.lm_head.head_output_is_logits`: the head answers a [.., 1] placeholder instead)."""
+    if not head_output_is_logits(model):
+        return forward_rows(model, rows, pad_id, hidden=True)[1]
+    layout = _layout(model, rows, pad_id)
+    with output_embedding_as(model, lambda h: h.new_zeros(*h.shape[:-1], 1)):
+        _, captured = _forward_layout(model, layout, hidden=True)
+    return _in_row_order(captured, layout)
+
+
 def _layout(model: nn.Module, rows: list[Row], pad_id: int) -> ForwardLayout:
     attn = getattr(model.config, "_attn_implementation", None)
     return flash_layout(rows) if attn == "flash_attention_2" else padded_layout(rows, pad_id)
@@ -173,7 +184,7 @@ def _layout(model: nn.Module, rows: list[Row], pad_id: int) -> ForwardLayout:
 def _forward_layout(model: nn.Module, layout: ForwardLayout, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the model's output per layout position, the output embedding's input there with `hidden`)."""
     mask = layout.attention_mask
-    if getattr(model.config, "_attn_implementation", None) == "eager":
+    if mask is not None and getattr(model.config, "_attn_implementation", None) == "eager":
         # eager attention adds the mask to the scores: a bool mask would add 1, not -inf
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from prime_rl.trainer.config import CriticConfig
-from prime_rl.trainer.model import forward_rows, from_previous_position, on_model_device
+from prime_rl.trainer.model import forward_hidden, from_previous_position, on_model_device
 from prime_rl.trainer.optim import build_optimizer, checked_step
 from prime_rl.utils.batch_format import MicroBatch
 
@@ -60,7 +60,7 @@ class ValueHead:
     def values(self, mb: MicroBatch) -> torch.Tensor:
         """V [T] of a packed row: a forward of the policy and the head (call under `torch.no_grad()` for V_old)."""
         rows = on_model_device(self.policy, [(mb.input_ids, mb.position_ids, mb.sample_lens)])
-        _, (hidden,) = forward_rows(self.policy, rows, hidden=True)
+        (hidden,) = forward_hidden(self.policy, rows)
         return self.values_of(hidden, mb.sample_lens)
 
     def step(self, step: int, loss_value: float) -> float:

@@ -43,7 +43,7 @@ SENTINEL = "PRIME_RL_TURN_SENTINEL_8f2c"  # stands for the sampled content while
 # Arguments of `apply_chat_template` itself: a template variable of that name would change how rendering works
 # (`chat_template` would replace the template), so a config or request may not set them.
 RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "self", "conversation", "conversations", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
     "return_assistant_tokens_mask", "tokenizer_kwargs",
 })
@@ -71,8 +71,11 @@ def renders_tool_calls(tokenizer: PreTrainedTokenizerBase) -> bool:
     tool-call history would reach the model without its calls)."""
     call = {"id": "c0", "type": "function", "function": {"name": TOOL_PROBE, "arguments": {}}}
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
-    try:
-        return TOOL_PROBE in render_chat(tokenizer, messages, generation_prompt=False)
+    tools = [{"type": "function", "function": {"name": TOOL_PROBE, "parameters": {"type": "object", "properties": {}}}}]
+    try:  # the tool is named in `tools` too, so its name in the text must come from the call unless tools render
+        with_tools = render_chat(tokenizer, messages, tools, generation_prompt=False)
+        tools_only = render_chat(tokenizer, messages[:1], tools, generation_prompt=False)
+        return with_tools.count(TOOL_PROBE) > tools_only.count(TOOL_PROBE)
     except Exception:  # a template that raises on tool calls does not render them either
         return False
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prime_rl.run_dir import WEIGHTS
 from prime_rl.utils.errors import UserError
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -33,10 +34,23 @@ def resolve_model_path(name: str) -> str:
     embedded = EMBEDDED_MODELS.get(name)
     if embedded is None:
         if looks_like_local_path(name) and not Path(name).expanduser().exists():
-            raise UserError(f"model.name {name!r}: no such directory (a hub name is 'org/model'; a local path "
-                            f"must exist, e.g. after running the example's sft step)")
+            raise UserError(f"model {name!r}: no such directory ({writer_hint(name)}; a hub name is 'org/model')")
         return name
     if not (embedded / "config.json").exists():
         raise UserError(f"the embedded model {name!r} is missing at {embedded}; rebuild it with "
                         f"`bash scripts/build_tiny_model.sh {name}`")
     return str(embedded)
+
+
+def writer_hint(name: str, examples: Path = Path("examples")) -> str:
+    """Which command writes the missing model directory `name`: for `<output_dir>/weights/step_N`, the example
+    config (under `examples`) whose `output_dir` it is, as `uv run sft|rl @ <file>`; else a general hint."""
+    parts = Path(name).parts
+    if WEIGHTS in parts:
+        output_dir = Path(*parts[:parts.index(WEIGHTS)]).as_posix()
+        for config in sorted(examples.glob("*/*.toml")) if examples.is_dir() else []:
+            if f'output_dir = "{output_dir}"' in config.read_text():
+                command = "sft" if config.name.startswith("sft") else "rl"
+                return f"it is written by `uv run {command} @ {config.as_posix()}`: run that first"
+        return f"a run with output_dir = {output_dir!r} writes it: run that first"
+    return "a local path must exist"

@@ -18,13 +18,13 @@ def tokenizer_vocab(tokenizer) -> int:
 
 
 def local_tokenizer_vocab(path: str, trust_remote_code: bool = False) -> int | None:
-    """`tokenizer_vocab` of the tokenizer in the local model directory `path`; None when `path` is not a local
-    directory with a tokenizer (a name only the server resolves)."""
+    """`tokenizer_vocab` of the tokenizer of `path`: a local model directory, or a hub name in the local Hugging
+    Face cache (never downloaded); None when neither has one (a name only the server resolves)."""
     from transformers import AutoTokenizer
 
-    if not Path(path).is_dir():
-        return None
     try:
-        return tokenizer_vocab(AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                  local_files_only=not Path(path).is_dir())
     except (OSError, ValueError):
         return None
+    return tokenizer_vocab(tokenizer)

@@ -183,3 +183,18 @@ def test_llama3_turns_end_with_eot_and_train_through_it(llama3_tokenizer_dir):
     sample = tokenize_conversation(tokenizer, conversation)
     assert trained_runs(tokenizer, sample) == ["hello<|eot_id|>", "hello again<|eot_id|>"]
     assert tokenizer.decode(sample.input_ids).count("<|begin_of_text|>") == 1
+
+
+def test_special_tokens_inside_an_assistant_turn_are_content_not_its_end(qwen3_tokenizer_dir):
+    """Code data holds `<|endoftext|>`; the char tokenizer marks "\\n\\n" unknown (a special token): the turn still
+    trains to its template's closer and the next turn follows it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x <|endoftext|> y"},
+                    {"role": "user", "content": "again"}, {"role": "assistant", "content": "z"}]
+    sample = tokenize_conversation(tokenizer, conversation, {"enable_thinking": False})
+    assert trained_runs(tokenizer, sample)[0].endswith("x <|endoftext|> y<|im_end|>")
+    char = build_char_tokenizer()
+    sample = tokenize_conversation(char, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab\n\ncd"}])
+    assert trained_runs(char, sample)[-1].endswith("cd<|im_end|>")

@@ -117,8 +117,8 @@ def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages
     Built turn by turn as a multi-turn rollout is (`utils.chat_tokens`): the first prompt, then each assistant
     turn as the template renders a last turn (its reasoning and tool calls included: "as the data says"), then
     the template's text up to the next assistant turn. Earlier turns stay in the context of later ones as they
-    were trained, the way token-exact multi-turn RL keeps what was sampled. A turn trains through its end-of-turn
-    token; `"train": false` on an assistant message keeps it as context only."""
+    were trained, the way token-exact multi-turn RL keeps what was sampled. A turn trains through its last
+    end-of-turn token (the template's closer); `"train": false` on an assistant message keeps it as context only."""
     if tokenizer.chat_template is None:
         raise UserError("the tokenizer has no chat template; SFT needs one to find the assistant tokens")
     chat = ChatTokens(tokenizer, template_kwargs)
@@ -129,7 +129,9 @@ def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages
     mask = [False] * len(ids)
     for k, i in enumerate(turns):
         turn = chat.turn_ids(messages[:i + 1], [])
-        end = next((j + 1 for j, t in enumerate(turn) if t in chat.end_of_turn), len(turn))
+        # The turn ends at its template's closer: the last end-of-turn token in it (one inside the content, e.g. an
+        # <|endoftext|> in code data or a character the tokenizer marks unknown, is content).
+        end = next((j + 1 for j in range(len(turn) - 1, -1, -1) if turn[j] in chat.end_of_turn), len(turn))
         ids += turn[:end]
         mask += [messages[i].get("train") is not False] * end
         if k + 1 < len(turns):

@@ -18,6 +18,8 @@ import torch.nn as nn
 from transformers import PreTrainedTokenizerBase
 
 from prime_rl.trainer.sft.config import SFTDataConfig, SFTEvalConfig
+from prime_rl.utils.chat_tokens import render_chat
+from prime_rl.utils.vocabulary import tokenizer_vocab
 
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -25,7 +27,8 @@ EVAL_SEED_OFFSET = 1_000_003
 @torch.no_grad()
 def greedy_generate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
                     max_new_tokens: int) -> list[list[int]]:
-    """Greedy completions (token ids, eos included when produced) of left-padded prompts, without a KV cache."""
+    """Greedy completions (token ids, eos included when produced) of left-padded prompts, without a KV cache: the
+    argmax over the tokenizer's ids (`utils.vocabulary`), from the logits of the last position only."""
     device = next(model.parameters()).device
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     width = max(len(p) for p in prompts)
@@ -33,10 +36,12 @@ def greedy_generate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     out: list[list[int]] = [[] for _ in prompts]
+    vocab = tokenizer_vocab(tokenizer)
     for _ in range(max_new_tokens):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits[:, -1]
-        nxt = logits.argmax(-1)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                       logits_to_keep=1).logits[:, -1]
+        nxt = logits[:, :vocab].argmax(-1)
         for i in (~done).nonzero().flatten().tolist():
             out[i].append(int(nxt[i]))
         done |= nxt == eos
@@ -55,11 +60,8 @@ def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, data: SFTData
 
     env = load_env(data.env, **data.env_args)
     examples = list(islice(env.examples(seed + EVAL_SEED_OFFSET), config.num_examples))
-    prompts = [
-        tokenizer(tokenizer.apply_chat_template(ex.prompt, tokenize=False, add_generation_prompt=True),
-                  add_special_tokens=False)["input_ids"]
-        for ex in examples
-    ]
+    prompts = [tokenizer(render_chat(tokenizer, ex.prompt, template_kwargs=data.chat_template_kwargs),
+                         add_special_tokens=False)["input_ids"] for ex in examples]
     was_training = model.training
     model.eval()
     completions = greedy_generate(model, tokenizer, prompts, config.max_new_tokens)
