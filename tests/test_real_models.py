@@ -41,13 +41,18 @@ def talkative_model(request, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("env", [SINGLE_TURN, USER_REPLIES, TOOL_REPLIES], ids=["single", "user", "tool"])
-def test_rl_runs_on_policy_with_real_tokenizers_and_templates(tmp_path, talkative_model, env):
-    run = on_policy_run(tmp_path, env, seq_len=256, max_tokens=12, model=str(talkative_model), max_steps=2)
+def test_rl_runs_on_policy_with_real_tokenizers_and_templates(tmp_path, talkative_model):
+    """One run mixing a single-turn environment, one that replies as the user and one that replies with tool
+    messages (4 prompts a step, drawn by a seeded RNG: each is drawn within the 3 steps)."""
+    run = on_policy_run(tmp_path, SINGLE_TURN + USER_REPLIES + TOOL_REPLIES, seq_len=256, max_tokens=12,
+                        model=str(talkative_model), max_steps=3)
     orchestrator = run.rows("orchestrator")
     assert all(row["rollout/env_error_frac"] == 0 for row in orchestrator.values())
-    if env != SINGLE_TURN:
-        assert all(row["rollout/turns_mean"] > 1 for row in orchestrator.values())
+    drawn = {key.split("/")[1] for row in orchestrator.values() for key in row if key.endswith("/mean")
+             and key.startswith("reward/")}
+    assert {"reverse-text", "reverse-text-hint", "tool-chat"} <= drawn
+    assert any(row["rollout/turns_mean"] > 1 for row in orchestrator.values())
+    assert sum(row["rollout/tool_calls_mean"] for row in orchestrator.values()) > 0
 
 
 @pytest.fixture(scope="module")
