@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import time
 from itertools import islice
+from pathlib import Path
 
 from prime_rl.configs.cli import run_main
+from prime_rl.run_dir import metrics_file, metrics_plot
 from prime_rl.trainer.dist import all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_rows_logprobs
 from prime_rl.trainer.session import TrainSession
 from prime_rl.trainer.sft.config import SFTConfig
 from prime_rl.trainer.sft.data import Row, conversation_stream, pack, rows_for_rank, skip, tokenize_conversation
 from prime_rl.trainer.sft.eval import evaluate
+from prime_rl.utils.run_report import SFT_PLOTTED, MetricsTail, sft_summary_lines, write_plot
 from prime_rl.utils.sampling_rule import SamplingRule
 
 
@@ -51,6 +54,7 @@ def due(step: int, interval: int | None, last: int) -> bool:
 
 
 def train(config: SFTConfig) -> None:
+    started = time.monotonic()
     session = TrainSession(config, "sft", init=config.init, dropout=True)
     tokenizer, info = session.tokenizer, session.dist
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -77,9 +81,22 @@ def train(config: SFTConfig) -> None:
                 metrics.update(evaluate(session.model, tokenizer, config.data, config.eval, config.seed))
             session.log_metrics(metrics, step)
             session.after_step(done, write=due(done, config.weights_interval, config.max_steps))
+        if info.is_main:
+            report(config.output_dir, time.monotonic() - started)
     finally:
         session.close()
         destroy()
+
+
+def report(output_dir: Path, wall_s: float) -> None:
+    """The end of a finished run, as `rl` ends: metrics.png and the summary lines."""
+    tail = MetricsTail(metrics_file(output_dir))
+    tail.poll()
+    plot = write_plot(tail, metrics_plot(output_dir), SFT_PLOTTED)
+    for line in sft_summary_lines(tail, wall_s, output_dir):
+        print(line)
+    if plot is not None:
+        print(f"plot: {plot}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,12 @@ PLOTTED = (  # (key, source, title); a panel whose series is absent (a loss with
     ("seq_len/completion_mean", "orchestrator", "completion tokens"),
     ("async/policy_lag_mean", "orchestrator", "policy lag (steps)"),
 )
+SFT_PLOTTED = (
+    ("loss/sft", "sft", "loss"),
+    ("eval/reward", "sft", "eval reward"),
+    ("optim/grad_norm", "sft", "grad norm"),
+    ("optim/lr", "sft", "learning rate"),
+)
 MULTI_TURN_PLOTTED = (  # added when any step had more than one turn per rollout
     ("rollout/turns_mean", "orchestrator", "turns per rollout"),
     ("rollout/tool_calls_mean", "orchestrator", "tool calls per rollout"),
@@ -112,17 +118,31 @@ def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[st
     return lines
 
 
-def write_plot(tail: MetricsTail, path: Path) -> Path | None:
-    """Plot `PLOTTED` (and `MULTI_TURN_PLOTTED` for multi-turn runs) over 1-based steps, in two columns; a metric
-    the run does not log is an empty panel marked n/a. None when nothing was logged."""
+def sft_summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[str]:
+    """What `sft` prints at the end, in `summary_lines`' style: steps, loss and eval reward first -> last."""
+    losses = tail.get("sft", "loss/sft")
+    lines = [f"steps trained: {len(losses)}"]
+    for label, key in (("loss", "loss/sft"), ("eval reward", "eval/reward")):
+        values = tail.get("sft", key)
+        if values:
+            first, last = min(values), max(values)
+            lines.append(f"{label}: {values[first]:.3f} (step {first + 1}) -> {values[last]:.3f} (step {last + 1})")
+    lines.append(f"wall time: {wall_s:.0f}s")
+    lines.append(f"outputs: {output_dir} (metrics.jsonl, metrics.png, weights/, checkpoints/)")
+    return lines
+
+
+def write_plot(tail: MetricsTail, path: Path, plotted: tuple[tuple[str, str, str], ...] = PLOTTED) -> Path | None:
+    """Plot `plotted` (rl: `PLOTTED`, and `MULTI_TURN_PLOTTED` for multi-turn runs; sft: `SFT_PLOTTED`) over
+    1-based steps, in two columns; a metric the run does not log is an empty panel marked n/a. None when nothing
+    was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    plotted = PLOTTED
-    if any(turns > 1 for turns in tail.get("orchestrator", "rollout/turns_mean").values()):
+    if plotted is PLOTTED and any(turns > 1 for turns in tail.get("orchestrator", "rollout/turns_mean").values()):
         plotted += MULTI_TURN_PLOTTED
     panels = [(title, tail.get(source, key)) for key, source, title in plotted]
     if not any(values for _, values in panels):
