@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
+from prime_rl.monitor.wandb_offline import history
 from tests.support import REPO
 from tests.support.rl_in_process import on_policy_run, run_in_process
 from tests.support.rl_runs import rows_by_source
-from tests.support.wandb_records import history
 
 pytestmark = [pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import torch
 from prime_rl.configs.shared import WandbConfig
 from prime_rl.monitor import Monitor
 from prime_rl.monitor.sinks import resolve_wandb_mode
-from tests.support.wandb_records import history
+from prime_rl.monitor.wandb_offline import history
 
 
 def test_jsonl_lines_and_run_config(tmp_path):
