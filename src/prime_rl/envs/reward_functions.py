@@ -2,7 +2,7 @@
 function `fn(completion, answer, **row) -> float`: the completion's text (its answer part: the orchestrator
 already removed a `<think>` block), the row's reference answer, and every column of the row by name.
 
-Built-ins (`REWARD_FUNCTIONS`), all in [0, 1]:
+Built-ins (`builtin_rewards`), all in [0, 1]:
 
 - `exact_match`: 1 if the extracted answer equals the reference after normalisation (`normalize`: any of
   "strip", "whitespace" (runs of whitespace become one space), "lower", "punctuation" (removed));
@@ -126,9 +126,6 @@ def builtin_rewards(extract: str, steps: tuple[str, ...]) -> dict[str, RewardFn]
 
     return {f.__name__: f for f in (exact_match, numeric_match, lcs_ratio, format_answer_tags, format_boxed,
                                     math_verify)}
-
-
-REWARD_FUNCTIONS = tuple(builtin_rewards("auto", ()))
 
 
 def resolve_rewards(rewards: dict[str, float], extract: str = "auto", steps: tuple[str, ...] = ("strip",),

@@ -61,7 +61,7 @@ from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
 from prime_rl.utils.sampling_rule import SamplingRule
-from prime_rl.utils.vocabulary import local_tokenizer_vocab
+from prime_rl.utils.vocabulary import local_tokenizer_vocab, tokenizer_vocab
 
 EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
 CONSOLE_KEYS = ("reward/mean", "advantage/std", "rollout/filtered_frac", "async/policy_lag_mean", "perf/step_time_s")
@@ -104,11 +104,18 @@ class Orchestrator:
         # Sampled ids past the tokenizer's fail their rollout (`rollouts.cut_unsampleable`).
         self.settings = RolloutSettings(
             config.sampling.max_tokens, config.truncated_reward,
-            local_tokenizer_vocab(config.model.path, config.model.trust_remote_code),
+            self._sampled_vocab(),
             config.chat_template_kwargs, config.reasoning)
         self.eval_draws = self._eval_draws() if config.eval.interval else []
         self.generation_s = 0.0
         self.generated_tokens = 0
+
+    def _sampled_vocab(self) -> int | None:
+        """The tokenizer's id count (`utils.vocabulary`): from the multi-turn runner's tokenizer when there is one
+        (loaded once), else read from the model's files."""
+        if self.conversations is not None:
+            return tokenizer_vocab(self.conversations.chat_tokens.tokenizer)
+        return local_tokenizer_vocab(self.config.model.path, self.config.model.trust_remote_code)
 
     def _conversations(self) -> ConversationRunner | None:
         """The token-in, token-out runner, with the served model's tokenizer, when an environment is multi-turn."""
