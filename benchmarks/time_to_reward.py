@@ -99,7 +99,8 @@ def main() -> None:
         load = os.getloadavg()
         print(f"run {i + 1}/{args.runs}: load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
         with tempfile.TemporaryDirectory(prefix="time_to_reward_") as tmp:
-            result = {"load_before": [round(x, 2) for x in load], **run_once(args.config, args.rl_args, Path(tmp) / "run")}
+            result = {"load_before": [round(x, 2) for x in load],
+                      **run_once(args.config, args.rl_args, Path(tmp) / "run")}
         print(json.dumps(result, indent=2), flush=True)
         results.append(result)
     if args.json:

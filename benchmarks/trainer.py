@@ -37,7 +37,8 @@ from prime_rl.trainer.perf import num_parameters
 from prime_rl.trainer.rl.train import train
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support  # the test suite's batch generator
+# the repository root: tests.support, the test suite's batch generator
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.synthetic_batches import random_step, write_random_step  # noqa: E402
 
 

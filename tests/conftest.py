@@ -40,7 +40,8 @@ def llama3_tokenizer_dir():
 
 @pytest.fixture(scope="session")
 def qwen3_tiny_model(tmp_path_factory):
-    """A random tiny Qwen3ForCausalLM (hidden 64, 2 layers, vocab 151,936, tied) + the real Qwen3 tokenizer, HF format."""
+    """A random tiny Qwen3ForCausalLM (hidden 64, 2 layers, vocab 151,936, tied) + the real Qwen3 tokenizer,
+    HF format."""
     from tests.support.real_tokenizers import save_tiny_model
 
     return save_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3_tiny_model"), seed=0)

@@ -52,7 +52,8 @@ def test_builtin_engine_generates_on_cuda(tiny_model_dir):
     try:
         assert engine.device.type == "cuda"
         prompt = engine.tokenizer("abc", add_special_tokens=False)["input_ids"]
-        completions = engine.submit(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=1), n=3).result(timeout=120)
+        completions = engine.submit(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=1),
+                                    n=3).result(timeout=120)
         assert len(completions) == 3
         for c in completions:
             assert 1 <= len(c.token_ids) == len(c.logprobs) <= 8
@@ -79,7 +80,8 @@ def test_flash_attention_layout_matches_sdpa_on_shared_prompts(tiny_model_dir):
     rows = [(mb.input_ids.cuda(), mb.position_ids.cuda(), mb.sample_lens.cuda())]
     results = {}
     for attn in ("sdpa", "flash_attention_2"):
-        net = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16, attn_implementation=attn).cuda()
+        net = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16,
+                                                   attn_implementation=attn).cuda()
         (lp, _), = compute_rows_logprobs(net, rows)
         results[attn] = lp[mb.loss_mask.cuda()]
     torch.testing.assert_close(results["flash_attention_2"], results["sdpa"], atol=2e-2, rtol=0)  # bf16 kernels

@@ -72,7 +72,8 @@ def padded_rows_dominate(tmp_path_factory):
         model.model.norm.weight[0] = 1.0
     model.save_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "abc"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "abc"}], tokenize=False,
+                                         add_generation_prompt=True)
     ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
         padded_mass = model(ids).logits[0, -1].softmax(-1)[real:].sum()

@@ -92,13 +92,15 @@ def test_qwen3_template_renders_an_empty_think_block_when_thinking_is_off(qwen3)
     messages = [{"role": "user", "content": "hi"}]
     assert render(qwen3, messages, add_generation_prompt=True, enable_thinking=False) == (
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert render(qwen3, messages, add_generation_prompt=True) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render(qwen3, messages, add_generation_prompt=True) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_qwen3_template_strips_think_blocks_of_turns_before_the_last_user_turn(qwen3):
     """The real Qwen3 template re-renders history without earlier reasoning: prompts are not prefixes of replays."""
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nhello"}, {"role": "user", "content": "again"},
+                {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nhello"},
+                {"role": "user", "content": "again"},
                 {"role": "assistant", "content": "<think>\nagain?\n</think>\n\nhello again"}]
     assert render(qwen3, messages) == (
         "<|im_start|>system\nbe brief<|im_end|>\n"
@@ -150,7 +152,8 @@ def test_tiny_model_loads_with_its_tokenizer_and_runs_a_forward(name, request):
     assert type(model).__name__ == spec.architecture
     assert model.config.vocab_size == spec.vocab_size >= len(tokenizer) == spec.tokenizer_len
     assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.num_attention_heads,
-            model.config.num_key_value_heads, model.config.head_dim, model.config.intermediate_size) == (64, 2, 4, 2, 16, 128)
+            model.config.num_key_value_heads, model.config.head_dim,
+            model.config.intermediate_size) == (64, 2, 4, 2, 16, 128)
     assert model.config.tie_word_embeddings is spec.tie_word_embeddings
     tied = model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     assert tied is spec.tie_word_embeddings

@@ -118,7 +118,8 @@ def tables(results: dict[str, dict[str, list[float]]]) -> str:
         kl, rew = r["kl_final"], r["reward"]
         top = max(range(len(kl)), key=kl.__getitem__)
         lines.append(
-            f"| `{name}` | {RUNS.get(name, name)} | {kl[0]:.3g} | {mean(kl[:5]):.3g} | {mean(kl[-5:]):.3g} | {mean(kl):.3g} "
+            f"| `{name}` | {RUNS.get(name, name)} | {kl[0]:.3g} | {mean(kl[:5]):.3g} | {mean(kl[-5:]):.3g} "
+            f"| {mean(kl):.3g} "
             f"| {kl[top]:.3g} ({r['step'][top]}) | {mean(r['mismatch_kl']):.3g} | {rew[0]:.3f} "
             f"| {mean(rew[-5:]):.3f} | {mean(rew[-5:]) - rew[0]:+.3f} |")
     checks = {name: max((abs(x) for x in r["kl_check"]), default=math.nan) for name, r in results.items()}

@@ -81,7 +81,8 @@ def node_dir(output_dir: Path, host: str) -> Path:
 
 
 def slurm_dir(output_dir: Path) -> Path:
-    """`slurm-job/`: the sbatch script `rl --slurm.nodes N` writes (rl.sbatch), the config it runs and the job's output."""
+    """`slurm-job/`: the sbatch script `rl --slurm.nodes N` writes (rl.sbatch), the config it runs and the
+    job's output."""
     return Path(output_dir) / SLURM
 
 

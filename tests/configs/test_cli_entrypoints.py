@@ -73,7 +73,8 @@ def assert_one_line_exit_2(result: subprocess.CompletedProcess, expected: str) -
 
 
 @pytest.mark.parametrize(("command", "key"), [("rl", "max-steps"), ("trainer", "max-steps"),
-                                              ("orchestrator", "max-steps"), ("inference", "port"), ("sft", "max-steps")])
+                                              ("orchestrator", "max-steps"), ("inference", "port"),
+                                              ("sft", "max-steps")])
 def test_an_int_flag_without_value_is_an_error_in_every_entrypoint(command, key):
     assert_one_line_exit_2(run(command, f"--{key}", "--dry-run"), f"option --{key} needs a value")
 

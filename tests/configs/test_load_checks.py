@@ -275,3 +275,12 @@ def test_rl_does_not_share_prompts_with_a_trainer_on_flash_attention():
     assert not build_config(RLConfig, flash)[0].orchestrator.share_prompts
     with pytest.raises(ConfigError, match="orchestrator.share_prompts = true contradicts trainer.runtime"):
         build_config(RLConfig, [*flash, "--orchestrator.share-prompts", "true"])
+
+
+def test_rl_refuses_a_request_budget_below_one_rollout_request():
+    """Every rollout request (rollouts_per_example x max_tokens completion tokens) would be a 400 at run time."""
+    small = ["--inference.max-request-tokens", "1000", "--orchestrator.rollouts-per-example", "8"]
+    assert build_config(RLConfig, [*small, "--orchestrator.sampling.max-tokens", "125"])[0]
+    with pytest.raises(ConfigError, match=r"inference.max_request_tokens \(1000\) is below one rollout request's "
+                                          r"rollouts_per_example x sampling.max_tokens \(1008\)"):
+        build_config(RLConfig, [*small, "--orchestrator.sampling.max-tokens", "126"])

@@ -222,6 +222,24 @@ def test_a_bad_value_in_a_file_is_refused_even_when_another_layer_overrides_it(t
     assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path / 'bad.toml'}: invalid value for '"), err
 
 
+@pytest.mark.parametrize("name, value, hidden_by", [
+    ("PRIME_MAX_STEPS", "ten", ["--max-steps", "3"]),
+    ("PRIME_TRAINER__OPTIM__LR", "fast", ["--trainer.optim.lr", "1e-5"]),
+])
+def test_a_bad_prime_variable_is_refused_even_when_the_command_line_overrides_it(monkeypatch, capsys, name, value,
+                                                                                  hidden_by):
+    """The PRIME_* variables are a layer of their own, validated as a file is: one line naming the variable."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(RLConfig, hidden_by)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: environment variable {name}: invalid value for '"), err
+    monkeypatch.setenv(name, "7" if name == "PRIME_MAX_STEPS" else "1e-3")  # a good one the command line overrides
+    config = parse_config(RLConfig, hidden_by)
+    assert (config.max_steps, config.trainer.optim.lr) in ((3, config.trainer.optim.lr), (config.max_steps, 1e-5))
+
+
 def test_a_file_that_is_only_valid_together_with_another_is_accepted(tmp_path):
     """Rules across keys are judged on the merged config: a file may set half of what a later one completes,
     and a file may leave a key to the default or to the command line."""

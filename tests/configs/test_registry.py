@@ -92,6 +92,22 @@ def test_the_union_is_the_registered_classes_and_closes_the_registry():
         reg.config(config_class("c"))
 
 
+def test_what_a_scope_registers_is_unregistered_when_it_ends_and_may_be_registered_again():
+    """A test's extension (a module registering at import, imported again by a later test) leaves the registry as
+    it found it; a second implementation would be refused if the first one were left behind."""
+    reg = Registry("thing", implemented_in=MODULE)
+    reg.config(config_class("a"))
+    for implementation in (len, abs):
+        with reg.scoped():
+            reg.implements(reg.config(config_class("b")))(implementation)
+            assert reg.names == ("a", "b")
+        assert reg.names == ("a",)
+    reg.unregister("a")
+    assert reg.names == ()
+    with pytest.raises(ValueError, match="thing 'a' is not registered"):
+        reg.unregister("a")
+
+
 def test_register_env_accepts_the_same_class_again_and_refuses_another(monkeypatch):
     monkeypatch.setattr("prime_rl.envs.registry.ENVIRONMENTS", dict(ENVIRONMENTS))
     from prime_rl.envs import registry as env_registry

@@ -110,7 +110,9 @@ def test_lr_inf_in_toml_and_env_is_an_error(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_config(TrainerConfig, ["@", str(path)])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == f"error: {path}: invalid value for 'optim.lr': Input should be a finite number (got inf)\n"
+    assert capsys.readouterr().err == (
+        f"error: {path}: invalid value for 'optim.lr': Input should be a finite number (got inf)\n"
+    )
     monkeypatch.setenv("PRIME_OPTIM__LR", "inf")
     with pytest.raises(ConfigError, match="optim.lr': Input should be a finite number"):
         build(TrainerConfig)

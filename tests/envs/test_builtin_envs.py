@@ -92,7 +92,8 @@ def test_arithmetic_exact_match():
 @pytest.mark.parametrize(
     ("env_id", "args", "message"),
     [
-        ("no-such-env", {}, "unknown environment 'no-such-env' (known: alphabet-sort, arithmetic, calculator, dataset, reasoning-gym, reverse-text"),
+        ("no-such-env", {}, "unknown environment 'no-such-env' "
+                            "(known: alphabet-sort, arithmetic, calculator, dataset, reasoning-gym, reverse-text"),
         ("reverse-text", {"length": 3}, "has no argument(s) length (allowed: min_len, max_len, system_prompt)"),
         ("reverse-text", {"min_len": "5"}, "argument 'min_len' must be int"),
         ("reverse-text", {"min_len": 9, "max_len": 3}, "min_len <= max_len"),

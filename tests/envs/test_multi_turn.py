@@ -10,7 +10,7 @@ import pytest
 
 from prime_rl.envs import load_env
 from prime_rl.envs.base import Rollout
-from prime_rl.trainer.sft.data import tokenize_conversation
+from prime_rl.trainer.sft.data import sft_chat, tokenize_conversation
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
 from prime_rl.utils.errors import UserError
 
@@ -54,7 +54,7 @@ def test_demonstrations_correct_a_flawed_first_attempt_that_is_not_trained():
         # The hint is exactly what the environment answers to that first attempt.
         reply = asyncio.run(env.respond(example, [first], {}))
         assert reply.messages == [hint]
-        sample = tokenize_conversation(tokenizer, [*example.prompt, first, hint, final])
+        sample = tokenize_conversation(sft_chat(tokenizer), [*example.prompt, first, hint, final])
         trained = tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
         assert trained == f"{example.answer}<|im_end|>"
     plain = load_env("reverse-text-hint", demo_retry_prob=0.0)

@@ -12,10 +12,12 @@ import pytest
 
 from prime_rl.envs import load_env
 from prime_rl.envs.reward_functions import builtin_rewards, extract_answer, parse_number
-from prime_rl.orchestrator import rollouts
-from prime_rl.orchestrator.client import ChatResult, Completion
+from prime_rl.orchestrator import env_calls
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig
-from prime_rl.orchestrator.rollouts import Draw, EnvironmentFailed, score_group
+from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.rollouts import score_group
 
 FN = builtin_rewards("auto", ("strip", "whitespace"))
 
@@ -93,10 +95,10 @@ def test_custom_functions_get_the_row_and_may_be_async(tmp_path):
                                          ("nan", "reward 'tests.envs.test_reward_functions:nan' returned nan")])
 def test_a_raising_or_nan_reward_function_fails_the_rollout_alone_or_stops_with_on_error_fail(tmp_path, monkeypatch,
                                                                                              fn, why):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(env_calls, "_failures", collections.Counter())
     env = environment(tmp_path, {f"{__name__}:{fn}": 1.0, "exact_match": 1.0})
     example = next(env.examples())
-    result = ChatResult([1], 0, [Completion([5], [-0.1], "a", "stop", [0])])
+    result = ChatResult([1], 0, [RolloutCompletion([5], [-0.1], "a", "stop", [0])])
     group = asyncio.run(score_group(Draw("dataset", env, example, EnvConfig()), result))
     assert group.rewards == [0.0] and why in group.errors[0]
     with pytest.raises(EnvironmentFailed, match=why.split(" returned")[0]):

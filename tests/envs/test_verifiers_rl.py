@@ -1,7 +1,8 @@
-"""A verifiers 0.4 tool taskset (`tests/support/tasksets/verifiers_calculator.py`, loaded by its verifiers id) trains 3 steps through
-`rl`, token-exact: max_async_level 0, fp32, builtin backend, mismatch KL < 1e-6 at every step, with the embedded
-`tiny-calculator` model, which calls the taskset's `multiply` tool, so the conversations are multi-turn and their
-tool and template tokens are masked. Skipped only when the 'verifiers' extra is not installed."""
+"""A verifiers 0.4 tool taskset (`tests/support/tasksets/verifiers_calculator.py`, loaded by its verifiers id)
+trains 3 steps through `rl`, token-exact: max_async_level 0, fp32, builtin backend, mismatch KL < 1e-6 at every
+step, with the embedded `tiny-calculator` model, which calls the taskset's `multiply` tool, so the conversations
+are multi-turn and their tool and template tokens are masked. Skipped only when the 'verifiers' extra is not
+installed."""
 
 from __future__ import annotations
 

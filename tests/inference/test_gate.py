@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from prime_rl.inference.access import resolve_roots
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.policy import resolve_roots
 from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
 from prime_rl.utils.errors import UserError
 
@@ -21,7 +21,8 @@ def _weights(path):
 
 def test_step_comes_from_the_directory_name(tmp_path):
     roots = (tmp_path,)
-    assert check_weight_dir(_weights(tmp_path / "weights" / "step_12"), None, roots) == (tmp_path / "weights" / "step_12", 12)
+    assert check_weight_dir(_weights(tmp_path / "weights" / "step_12"), None, roots) == (
+        tmp_path / "weights" / "step_12", 12)
     assert check_weight_dir(_weights(tmp_path / "final"), 3, roots)[1] == 3
 
 
@@ -210,7 +211,7 @@ def _in_thread(function, *args, timeout_s: float = 10.0):
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
-def test_a_fifo_in_a_weight_dir_is_refused_without_opening_it(tmp_path, name):
+def test_a_fifo_in_a_weight_dir_is_refused_without_blocking(tmp_path, name):
     import os
 
     path = _weights(tmp_path / "step_1")

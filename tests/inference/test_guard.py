@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
+from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.guard import RequestGuard, host_allowed
-from prime_rl.inference.policy import Policy
 
 KEY = "s3cret-key"
 
@@ -27,9 +27,9 @@ async def echo_app(scope, receive, send):
     await send({"type": "http.response.body", "body": body})
 
 
-def call(policy: Policy, requests: list[dict], base_url: str = "http://127.0.0.1:8000") -> list[httpx.Response]:
+def call(access: AccessPolicy, requests: list[dict], base_url: str = "http://127.0.0.1:8000") -> list[httpx.Response]:
     async def go():
-        transport = httpx.ASGITransport(app=RequestGuard(echo_app, policy))
+        transport = httpx.ASGITransport(app=RequestGuard(echo_app, access))
         async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
             return [await client.request(**request) for request in requests]
 
@@ -47,8 +47,8 @@ def bearer(key: str) -> dict:
 
 
 def test_the_api_key_is_needed_everywhere_but_health():
-    policy = Policy(api_key=KEY)
-    missing, wrong, basic, health, unknown, ok, lower = call(policy, [
+    access = AccessPolicy(api_key=KEY)
+    missing, wrong, basic, health, unknown, ok, lower = call(access, [
         {"method": "POST", "url": "/v1/completions", "json": {}},
         {"method": "GET", "url": "/v1/models", "headers": bearer("nope")},
         {"method": "GET", "url": "/v1/models", "headers": {"authorization": f"Basic {KEY}"}},
@@ -62,25 +62,26 @@ def test_the_api_key_is_needed_everywhere_but_health():
         assert response.headers["www-authenticate"] == "Bearer"
         assert KEY not in response.text
     assert health.status_code == 200 and ok.status_code == 200 and lower.status_code == 200
-    assert call(Policy(), [{"method": "GET", "url": "/v1/models"}])[0].status_code == 200  # no key: open
+    assert call(AccessPolicy(), [{"method": "GET", "url": "/v1/models"}])[0].status_code == 200  # no key: open
 
 
 def test_admin_endpoints_need_json_and_this_servers_host():
-    policy = Policy()
+    access = AccessPolicy()
     for path in ("/update_weights", "/reset"):
-        plain, none, rebound, good, charset = call(policy, [
+        plain, none, rebound, good, charset = call(access, [
             {"method": "POST", "url": path, "content": b"{}", "headers": {"content-type": "text/plain"}},
             {"method": "POST", "url": path, "content": b"{}"},
             {"method": "POST", "url": path, "json": {}, "headers": {"host": "evil.example:8000"}},
             {"method": "POST", "url": path, "json": {}},
-            {"method": "POST", "url": path, "content": b"{}", "headers": {"content-type": "application/json; charset=utf-8"}},
+            {"method": "POST", "url": path, "content": b"{}",
+             "headers": {"content-type": "application/json; charset=utf-8"}},
         ])
         assert_error(plain, 415, "Content-Type: application/json")
         assert_error(none, 415, "Content-Type: application/json")
         assert_error(rebound, 403, "evil.example")
         assert good.status_code == 200 and charset.status_code == 200
     # Other routes take any content type (only admin endpoints change state).
-    assert call(policy, [{"method": "POST", "url": "/v1/completions", "content": b"{}"}])[0].status_code == 200
+    assert call(access, [{"method": "POST", "url": "/v1/completions", "content": b"{}"}])[0].status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -105,12 +106,12 @@ def test_admin_endpoints_need_json_and_this_servers_host():
     ],
 )
 def test_host_names_admin_endpoints_accept(bound, allowed, host, ok):
-    assert host_allowed(host, Policy(host=bound, allowed_hosts=allowed)) is ok
+    assert host_allowed(host, AccessPolicy(host=bound, allowed_hosts=allowed)) is ok
 
 
 def test_bodies_beyond_the_cap_are_413_from_the_header_or_while_read():
-    policy = Policy(max_request_bytes=100)
-    declared, exact, bad_length = call(policy, [
+    access = AccessPolicy(max_request_bytes=100)
+    declared, exact, bad_length = call(access, [
         {"method": "POST", "url": "/v1/completions", "content": b"x" * 101},
         {"method": "POST", "url": "/v1/completions", "content": b"x" * 100},
         {"method": "POST", "url": "/v1/completions", "content": b"x", "headers": {"content-length": "1x"}},
@@ -131,7 +132,7 @@ def test_bodies_beyond_the_cap_are_413_from_the_header_or_while_read():
             sent.append(message)
 
         scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
-        await RequestGuard(echo_app, policy)(scope, receive, send)
+        await RequestGuard(echo_app, access)(scope, receive, send)
         return sent[0]["status"], json.loads(sent[1]["body"]), messages
 
     status, body, unread = asyncio.run(streamed([b"x" * 60, b"x" * 60, b"x" * 60]))

@@ -63,7 +63,8 @@ def test_seed_range_is_exactly_int64_and_every_accepted_seed_works():
     [
         {"temperature": -1}, {"temperature": float("nan")}, {"temperature": float("inf")}, {"temperature": "0.5"},
         {"temperature": True}, {"top_p": 0}, {"top_p": 1.5}, {"top_p": float("nan")}, {"top_k": -2},
-        {"top_k": 1.5}, {"min_p": -0.1}, {"min_p": 1.5}, {"min_p": float("nan")}, {"min_p": "0.1"}, {"n": 0}, {"n": 1025}, {"n": True}, {"n": "2"}, {"n": 2.0}, {"max_tokens": 0},
+        {"top_k": 1.5}, {"min_p": -0.1}, {"min_p": 1.5}, {"min_p": float("nan")}, {"min_p": "0.1"}, {"n": 0},
+        {"n": 1025}, {"n": True}, {"n": "2"}, {"n": 2.5}, {"max_tokens": 0},
         {"max_tokens": -1}, {"max_tokens": "8"}, {"seed": 1.5}, {"seed": "1"}, {"seed": False},
         {"prompt": 5}, {"prompt": ""}, {"prompt": []}, {"prompt": [1, "2"]}, {"prompt": [1, True]},
         {"stream": True}, {"echo": True}, {"top_logprobs": 2}, {"logprobs": 5},

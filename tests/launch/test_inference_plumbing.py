@@ -31,7 +31,8 @@ def test_without_a_key_each_run_gets_a_random_one_for_both_children():
 
 def test_a_configured_key_is_handed_to_both_and_contradictions_are_errors():
     config = RLConfig.build(overrides={"inference": {"api_key": "mine"}})
-    assert run_api_key(config) == {"inference": {"PRIME_API_KEY": "mine"}, "orchestrator": {"PRIME_CLIENT__API_KEY": "mine"}}
+    assert run_api_key(config) == {"inference": {"PRIME_API_KEY": "mine"},
+                                   "orchestrator": {"PRIME_CLIENT__API_KEY": "mine"}}
     config = RLConfig.build(overrides={"orchestrator": {"client": {"api_key": "theirs"}}})
     assert run_api_key(config)["inference"] == {"PRIME_API_KEY": "theirs"}
     config = RLConfig.build(overrides={"inference": {"api_key": "a"}, "orchestrator": {"client": {"api_key": "b"}}})

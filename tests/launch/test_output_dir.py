@@ -17,6 +17,7 @@ from prime_rl.launch.processes import Child
 from prime_rl.launch.rl import launch
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import MARKER, RUN_ARTIFACTS, RUN_LOCK
+from prime_rl.utils import run_lock
 from prime_rl.utils.checksums import write_manifest
 from prime_rl.utils.errors import ConfigError
 
@@ -181,7 +182,7 @@ def test_a_second_rl_where_a_run_goes_on_is_refused_naming_it_and_a_dead_runs_lo
     with pytest.raises(SystemExit):  # the holder died: its lock went with it; this rl starts (and is interrupted)
         launch(rl_config(tmp_path, "--overwrite"))
     assert (tmp_path / "notes.md").read_text() == "mine" and not (tmp_path / "rollouts").exists()
-    held = output_dir.lock(tmp_path, "rl")  # released by that rl when it stopped
+    held = run_lock.take(tmp_path, "rl")  # released by that rl when it stopped
     held.release()
 
 
@@ -190,7 +191,10 @@ def test_the_interrupt_hint_says_what_can_be_resumed(tmp_path, no_children, caps
     ever written (ckpt.interval defaults to none)."""
     with pytest.raises(SystemExit):
         launch(rl_config(tmp_path / "run"))
-    out = " ".join(capsys.readouterr().out.split())
+    raw = capsys.readouterr().out
+    start = next(line for line in raw.splitlines() if line.startswith("rl: outputs in"))
+    assert len(start) > 80 and start.endswith("logs"), start  # off a terminal a line stays one line (was cut at 80)
+    out = " ".join(raw.split())
     assert "No checkpoint was written (ckpt.interval = None), so nothing can be resumed: run again with --overwrite" \
         in out and "--ckpt.resume-step" not in out
     for part in ("trainer", "orchestrator"):
@@ -248,7 +252,8 @@ def test_overwrite_with_the_configured_port_in_use_deletes_nothing(tmp_path, no_
 def test_the_recorded_rl_toml_runs_again_with_other_shared_values(tmp_path, no_children):
     """Regression: the component sections held the handed-down keys, so `rl @ configs/rl.toml --max-steps 9` was
     "'orchestrator.max_steps' = 3 contradicts the shared value 9"."""
-    teacher = ["--teacher.model.name", "tiny-reverse-text", "--max-async-level", "2", "--weight-transfer.timeout-s", "9"]
+    teacher = ["--teacher.model.name", "tiny-reverse-text", "--max-async-level", "2",
+               "--weight-transfer.timeout-s", "9"]
     with pytest.raises(SystemExit):
         launch(rl_config(tmp_path, "--max-steps", "3", "--orchestrator.advantage.type", "rloo", *teacher))
     recorded = tmp_path / "configs" / "rl.toml"

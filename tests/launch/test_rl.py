@@ -144,7 +144,8 @@ def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files
     assert not (run / "checkpoints" / "step_4" / ".trainer.tmp").exists()
     # Steps >= 3 are re-run: their old metric lines go (and the torn last line), nothing else.
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["source"]) for r in rows] == [(s, src) for s in range(3) for src in ("trainer", "orchestrator")]
+    assert [(r["step"], r["source"]) for r in rows] == [
+        (s, src) for s in range(3) for src in ("trainer", "orchestrator")]
     with pytest.raises(UserError, match="complete steps: 2, 3"):
         resume_from(rl_config(tmp_path, "--ckpt.resume-step", "4"))
     assert resume_from(rl_config(tmp_path)) is None
@@ -230,7 +231,8 @@ def test_the_console_warns_on_every_step_whose_batch_was_empty_or_mostly_failed(
     def write(steps):
         with open(path, "a") as f:
             for step in steps:
-                f.write(json.dumps({"step": step, "source": "orchestrator", "reward/mean": 0.5, **rollouts[step]}) + "\n")
+                f.write(json.dumps({"step": step, "source": "orchestrator", "reward/mean": 0.5,
+                                    **rollouts[step]}) + "\n")
                 f.write(json.dumps({"step": step, "source": "trainer", "perf/step_time_s": 1.0,
                                     "loss/importance_ratio": 1.0}) + "\n")
 

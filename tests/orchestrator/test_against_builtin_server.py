@@ -145,7 +145,8 @@ def test_async_levels_are_respected(server, tiny_model_dir, tmp_path, max_async_
     ]
     if max_async_level == 0:  # on-policy: every step after the first waited for the slow trainer
         assert all(by_step[s]["perf/wait_for_weights_s"] > 0.5 * TRAIN_S for s in range(1, STEPS))
-    state = json.loads((config.output_dir / "checkpoints" / f"step_{STEPS}" / "orchestrator" / "state.json").read_text())
+    state_file = config.output_dir / "checkpoints" / f"step_{STEPS}" / "orchestrator" / "state.json"
+    state = json.loads(state_file.read_text())
     assert state["step"] == STEPS and state["env_cursors"] == {"reverse-text": STEPS * 2}
     assert (config.output_dir / "logs" / "orchestrator.log").read_text().count("reward") >= STEPS
 
@@ -155,8 +156,8 @@ def prompts(output_dir: Path, step: int) -> list[list[int]]:
     found = []
     for batch in (read_rank(output_dir, step, r) for r in range(2)):
         for mb in batch.micro_batches:
-            for ids, mask in zip(mb.input_ids.split(mb.sample_lens.tolist()), mb.loss_mask.split(mb.sample_lens.tolist()),
-                                 strict=True):
+            lens = mb.sample_lens.tolist()
+            for ids, mask in zip(mb.input_ids.split(lens), mb.loss_mask.split(lens), strict=True):
                 if mask.any():
                     found.append(ids[: int(mask.float().argmax())].tolist())
     return sorted(found)
@@ -176,7 +177,8 @@ def test_resume_continues_from_the_checkpoint(server, tiny_model_dir, tmp_path):
     assert rollout_dir(config.output_dir, STEPS - 1).stat().st_mtime_ns > first_write
     # Same data cursor and RNG: the regenerated step has the first run's prompts.
     assert prompts(config.output_dir, STEPS - 1) == before and len(before) == 8
-    state = json.loads((config.output_dir / "checkpoints" / f"step_{STEPS}" / "orchestrator" / "state.json").read_text())
+    state_file = config.output_dir / "checkpoints" / f"step_{STEPS}" / "orchestrator" / "state.json"
+    state = json.loads(state_file.read_text())
     assert state["env_cursors"] == {"reverse-text": STEPS * 2}
 
 

@@ -123,7 +123,8 @@ def test_a_connection_that_never_opens_is_retried_then_unreachable(monkeypatch):
 
 @pytest.mark.parametrize(("rule", "fields"), [
     (SamplingRule(0.7), {"temperature": 0.7, "top_p": 1.0}),
-    (SamplingRule(1.0, top_k=20, top_p=0.9, min_p=0.05), {"temperature": 1.0, "top_p": 0.9, "top_k": 20, "min_p": 0.05}),
+    (SamplingRule(1.0, top_k=20, top_p=0.9, min_p=0.05),
+     {"temperature": 1.0, "top_p": 0.9, "top_k": 20, "min_p": 0.05}),
 ])
 def test_the_sampling_rule_is_what_the_request_asks_for(monkeypatch, rule, fields):
     """top_k and min_p are sent only when on (both backends know them; off they are the servers' defaults)."""

@@ -81,7 +81,7 @@ def test_bad_values_are_one_line_config_errors(argv, message):
 
 def test_one_rollout_per_example_is_fine_for_a_custom_advantage():
     config = build("--rollouts-per-example", "1", "--batch-size", "4", "--advantage.type", "custom",
-                   "--advantage.import-path", "prime_rl.orchestrator.advantage:whiten")
+                   "--advantage.import-path", "prime_rl.advantages.group:whiten_samples")
     assert config.advantage.type == "custom"
 
 

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from prime_rl.orchestrator.ckpt import OrchestratorState
-from prime_rl.orchestrator.client import ChatResult, Completion
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import Orchestrator
 from prime_rl.run_dir import rollout_dir, weights_dir
@@ -52,7 +52,7 @@ class DecodingServer:
         finally:
             self.in_flight -= 1
         self.reported += steps
-        completions = [Completion([BASE + x for x in s], [-0.5] * TOKENS, "x" * j, "stop", list(s))
+        completions = [RolloutCompletion([BASE + x for x in s], [-0.5] * TOKENS, "x" * j, "stop", list(s))
                        for j, s in enumerate(steps)]  # texts differ: rewards differ within a group
         return ChatResult([1, 2, 3, 4, 5], admitted, completions)
 
@@ -85,9 +85,9 @@ def run(tmp_path, server: DecodingServer, steps: int, train_s: float, **override
         try:
             for step in range(steps):
                 metrics.append(await orch.step(step))
-                at_boundary.append(orch.continuous.in_flight)
+                at_boundary.append(orch.collector.in_flight)
         finally:
-            await orch.continuous.close()
+            await orch.collector.stop()
             trainer.cancel()
         return metrics, at_boundary
 

@@ -10,13 +10,15 @@ import itertools
 import pytest
 
 from prime_rl.envs.base import EnvReply, Example, MultiTurnEnvironment, Reward
-from prime_rl.orchestrator import rollouts
+from prime_rl.orchestrator import env_calls
 from prime_rl.orchestrator.batch import Sample, pack_batch
-from prime_rl.orchestrator.client import ChatResult, Completion
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig
 from prime_rl.orchestrator.conversation import ConversationRunner
+from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.env_calls import EnvironmentFailed
 from prime_rl.orchestrator.metrics import rollout_metrics
-from prime_rl.orchestrator.rollouts import Draw, EnvironmentFailed, RolloutSettings, generate_groups
+from prime_rl.orchestrator.rollouts import GroupGenerator, RolloutSettings
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
 from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.sampling_rule import SamplingRule
@@ -69,7 +71,7 @@ class ScriptedServer:
             reason = "stop"
             if len(ids) > max_tokens:
                 ids, reason = ids[:max_tokens], "length"
-            choices.append(Completion(ids, [-0.25] * len(ids), TOKENIZER.decode(ids, skip_special_tokens=True),
+            choices.append(RolloutCompletion(ids, [-0.25] * len(ids), TOKENIZER.decode(ids, skip_special_tokens=True),
                                       reason, [3] * len(ids)))
         return ChatResult(list(prompt_ids), 3, choices)
 
@@ -79,7 +81,7 @@ def run(texts, n=1, seq_len=512, max_tokens=16, env=None, **config):
     runner = ConversationRunner(ChatTokens(TOKENIZER), seq_len)
     draw = Draw("tool-echo", env or ToolEcho(), EXAMPLE, EnvConfig(**{"respond_timeout_s": 0.3, **config}))
     settings = RolloutSettings(max_tokens)
-    (group,) = asyncio.run(generate_groups(server, [draw], n, SamplingRule(), settings, [7], runner))
+    (group,) = asyncio.run(GroupGenerator(server, n, SamplingRule(), settings, runner).generate([draw], [7]))
     return server, group
 
 
@@ -153,7 +155,7 @@ def test_a_conversation_that_would_outgrow_seq_len_ends_truncated_by_context():
 @pytest.mark.parametrize("text, why", [("boom", "respond raised RuntimeError: the tool server is down"),
                                        ("hang", "respond took longer than respond_timeout_s = 0.3s")])
 def test_an_environment_that_raises_or_hangs_fails_its_rollout_alone(text, why, monkeypatch, caplog):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(env_calls, "_failures", collections.Counter())
     _, group = run([text, "fine", "two", "three"], n=2)
     assert group.errors == [why, None]
     assert group.rewards == [0.0, 0.3]
@@ -191,7 +193,7 @@ class Hostile(ToolEcho):
     (EnvReply([{"role": "tool", "content": "bad \udcff name"}]), "respond's reply cannot be rendered"),
 ])
 def test_a_malformed_reply_fails_its_rollout_not_the_run(answer, why, monkeypatch):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(env_calls, "_failures", collections.Counter())
     _, group = run(["one", "two"], env=Hostile(answer))
     assert group.errors[0].startswith(why) and group.rewards == [0.0]
 
@@ -203,7 +205,7 @@ def test_a_malformed_reply_fails_its_rollout_not_the_run(answer, why, monkeypatc
     ([Reward(1.0)], "score_group returned 1 rewards for 2 rollouts"),
 ])
 def test_score_group_answers_that_are_no_finite_rewards_fail_the_group(rewards, why, monkeypatch):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(env_calls, "_failures", collections.Counter())
 
     class Bad(ToolEcho):
         async def score_group(self, example, rollouts):
@@ -214,7 +216,7 @@ def test_score_group_answers_that_are_no_finite_rewards_fail_the_group(rewards, 
 
 
 def test_a_non_finite_or_non_reward_score_fails_that_rollout(monkeypatch):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(env_calls, "_failures", collections.Counter())
 
     class Bad(ToolEcho):
         async def score_rollout(self, example, rollout):

@@ -11,11 +11,13 @@ import pytest
 
 from prime_rl.envs import Example, Reward
 from prime_rl.envs.base import Environment
-from prime_rl.orchestrator import rollouts
-from prime_rl.orchestrator.client import ChatResult, Completion
+from prime_rl.orchestrator import env_calls, rollouts
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig
+from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.env_calls import EnvironmentFailed
 from prime_rl.orchestrator.metrics import rollout_metrics
-from prime_rl.orchestrator.rollouts import Draw, EnvironmentFailed, score_group
+from prime_rl.orchestrator.rollouts import score_group
 from prime_rl.utils.errors import UserError
 
 EXAMPLE = Example([{"role": "user", "content": "reverse: abc"}], "cba")
@@ -39,7 +41,7 @@ class Flaky(Environment):
 
 
 def result(*texts: str) -> ChatResult:
-    return ChatResult([1, 2], 0, [Completion([5], [-0.1], t, "stop", [0]) for t in texts])
+    return ChatResult([1, 2], 0, [RolloutCompletion([5], [-0.1], t, "stop", [0]) for t in texts])
 
 
 def score(texts, **config) -> list:
@@ -48,7 +50,7 @@ def score(texts, **config) -> list:
 
 
 def test_a_raising_or_hanging_score_is_a_zero_reward_and_one_warning(caplog, monkeypatch):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(env_calls, "_failures", collections.Counter())
     caplog.set_level(logging.WARNING)
     group = score(["good", "boom", "hang", "meh"])
     assert group.rewards == [1.0, 0.0, 0.0, 0.5]
@@ -65,7 +67,7 @@ def test_a_raising_or_hanging_score_is_a_zero_reward_and_one_warning(caplog, mon
 
 
 def test_many_failures_are_logged_sparsely(caplog, monkeypatch):
-    monkeypatch.setattr(rollouts, "_failures", collections.Counter())
+    monkeypatch.setattr(env_calls, "_failures", collections.Counter())
     caplog.set_level(logging.WARNING)
     score(["boom"] * 120)
     counts = [int(r.getMessage().split("(failure ")[1].split(" ")[0]) for r in caplog.records]
@@ -91,8 +93,8 @@ class PaddedIdClient:
     the output embedding (vLLM) can; the tokenizer has 100 ids."""
 
     async def chat(self, messages, n, rule, max_tokens, seed=None, template_kwargs=None):
-        completions = [Completion([5, 6, 7], [-0.1] * 3, "good", "stop", [0] * 3),
-                       Completion([5, 150, 7, 8], [-0.1] * 4, "good", "stop", [0] * 4)]
+        completions = [RolloutCompletion([5, 6, 7], [-0.1] * 3, "good", "stop", [0] * 3),
+                       RolloutCompletion([5, 150, 7, 8], [-0.1] * 4, "good", "stop", [0] * 4)]
         return ChatResult([1, 2], 0, completions[:n])
 
 
@@ -102,7 +104,7 @@ def test_a_sampled_id_past_the_tokenizer_fails_its_rollout_alone(caplog, monkeyp
     settings = rollouts.RolloutSettings(max_tokens=8, vocab=100)
     for on_error in ("zero", "fail"):  # the server made the id, not the environment: never a stopped run
         draw = Draw("flaky", Flaky(), EXAMPLE, EnvConfig(on_error=on_error))
-        (group,) = asyncio.run(rollouts.generate_groups(PaddedIdClient(), [draw], 2, None, settings, [0]))
+        (group,) = asyncio.run(rollouts.GroupGenerator(PaddedIdClient(), 2, None, settings).generate([draw], [0]))
         assert group.rewards == [1.0, 0.0]
         assert group.errors == [None, "the server sampled token id 150, past the tokenizer's 100 ids"]
         kept, cut = group.result.completions

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from prime_rl.orchestrator.ckpt import OrchestratorState, load_state, rng_to_json
-from prime_rl.orchestrator.client import ChatResult, Completion, InferenceError
+from prime_rl.orchestrator.client import ChatResult, InferenceError, RolloutCompletion
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import Orchestrator, run_steps
 from prime_rl.utils.batch_format import read_rank
@@ -33,7 +33,7 @@ class Client:
         completions = []
         for j in range(n):
             ids = [ord(c) % 90 for c in (answer if j % 2 == 0 else "#")] + [2]  # in the char vocabulary
-            completions.append(Completion(ids, [-0.5] * len(ids), "", "stop"))
+            completions.append(RolloutCompletion(ids, [-0.5] * len(ids), "", "stop"))
         return ChatResult([1] * 5, 0, completions)
 
     async def update_weights(self, path, step):  # max_async_level covers every step: no update

@@ -8,11 +8,12 @@ import asyncio
 import pytest
 
 from prime_rl.envs import load_env
-from prime_rl.orchestrator.client import ChatResult, Completion
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig, ReasoningConfig
+from prime_rl.orchestrator.draws import Draw
 from prime_rl.orchestrator.metrics import rollout_metrics
 from prime_rl.orchestrator.reasoning import Split, split_reasoning
-from prime_rl.orchestrator.rollouts import Draw, score_group
+from prime_rl.orchestrator.rollouts import score_group
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -44,7 +45,7 @@ def score(texts, reasoning):
     env = load_env("reverse-text")
     example = next(env.examples(seed=0))
     answer = example.answer
-    result = ChatResult([1], 0, [Completion([5], [-0.1], t.format(answer=answer), "stop", [0]) for t in texts])
+    result = ChatResult([1], 0, [RolloutCompletion([5], [-0.1], t.format(answer=answer), "stop", [0]) for t in texts])
     return asyncio.run(score_group(Draw("reverse-text", env, example, EnvConfig()), result, reasoning=reasoning))
 
 

@@ -367,8 +367,9 @@ def test_default_loss_on_opd_advantages_has_the_reverse_kl_policy_gradient():
     # gradient of the per-token reward -(log pi - log teacher) (Thinking Machines / slime OPD).
     lp, lt = [-0.5, -1.0, -2.0], [-0.25, -1.5, -2.0]
     adv = opd_advantages(1.0, lp, lt, [True] * 3, opd_coef=1.0, task_coef=1.0)  # [1.25, 0.5, 1.0]
-    inputs = LossInputs(torch.tensor(lp, dtype=torch.float64, requires_grad=True), torch.tensor(lp, dtype=torch.float64),
-                        torch.tensor(adv, dtype=torch.float64), torch.ones(3, dtype=torch.bool), torch.tensor([3]),
+    inputs = LossInputs(torch.tensor(lp, dtype=torch.float64, requires_grad=True),
+                        torch.tensor(lp, dtype=torch.float64), torch.tensor(adv, dtype=torch.float64),
+                        torch.ones(3, dtype=torch.bool), torch.tensor([3]),
                         teacher_logprobs=torch.tensor(lt, dtype=torch.float64))
     out = build_loss({"type": "default"})(inputs, LossScale(total_loss_tokens=3, num_samples=1, max_tokens=8))
     out.loss.backward()

@@ -1,5 +1,5 @@
-"""Multi-turn environments for the end-to-end tests, imported by path (`tests.support.multi_turn_envs:ToolChat`) by the `rl`
-processes, which get the repository root on PYTHONPATH."""
+"""Multi-turn environments for the end-to-end tests, imported by path (`tests.support.multi_turn_envs:ToolChat`)
+by the `rl` processes, which get the repository root on PYTHONPATH."""
 
 from __future__ import annotations
 

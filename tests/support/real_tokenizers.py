@@ -1,4 +1,5 @@
-"""Real tokenizers (Qwen3, Meta Llama 3) vendored under `tests/fixtures/tokenizers/`, and tiny random models built on them.
+"""Real tokenizers (Qwen3, Meta Llama 3) vendored under `tests/fixtures/tokenizers/`, and tiny random models
+built on them.
 
 The fixtures hold `tokenizer.json.xz` (xz-compressed, byte-identical once decompressed) beside the original
 `tokenizer_config.json` (with the chat template) and the license files; `SOURCE.md` in each folder says where they

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from prime_rl.orchestrator.ckpt import OrchestratorState
-from prime_rl.orchestrator.client import ChatResult, Completion
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import Orchestrator
 from prime_rl.utils.batch_format import read_rank
@@ -30,7 +30,7 @@ class ScriptedClient:
             text = answer if mixed and j % 2 == 0 else "#"
             reason = "length" if self.truncate_last and j == n - 1 else "stop"
             ids = [ord(c) % 90 for c in text] + [2]  # ids the char tokenizer has (the orchestrator checks)
-            completions.append(Completion(ids, [-0.5] * len(ids), text, reason))
+            completions.append(RolloutCompletion(ids, [-0.5] * len(ids), text, reason))
         return ChatResult([1] * 5, 0, completions)
 
     async def update_weights(self, path, step):  # no weights directory exists in these tests

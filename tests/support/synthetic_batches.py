@@ -1,4 +1,5 @@
-"""Random rollout batches in the real file format, for tests and `benchmarks/trainer.py` (a test fixture: not part of the package).
+"""Random rollout batches in the real file format, for tests and `benchmarks/trainer.py` (a test fixture: not
+part of the package).
 
 Each sample is `prompt_len` prompt tokens plus `completion_len` completion tokens drawn
 uniformly from the vocabulary; completion tokens train (`loss_mask`), with a random

@@ -131,7 +131,8 @@ DAMAGE = {
     "flipped meta": (lambda d: flip(d / "meta.json", 2, 1), r"meta\.json is corrupted"),
     "missing rank file": (lambda d: (d / "rank_0.json").unlink(), r"rank_0\.json is missing"),
     "extra file": (lambda d: (d / "__1_0.distcp").write_bytes(b"?"), r"unexpected file .*__1_0\.distcp"),
-    "extra folder file": (lambda d: (d / "sub").mkdir() or (d / "sub" / "x").write_text("?"), r"unexpected file .*sub/x"),
+    "extra folder file": (lambda d: (d / "sub").mkdir() or (d / "sub" / "x").write_text("?"),
+                          r"unexpected file .*sub/x"),
     "no manifest": (lambda d: (d / MANIFEST).unlink(), r"has no manifest\.json: .*older prime-rl"),
     "bad manifest": (lambda d: (d / MANIFEST).write_text("{not json"), r"manifest .*manifest\.json is unreadable"),
     "manifest escaping": (lambda d: (d / MANIFEST).write_text(json.dumps(
@@ -254,7 +255,8 @@ def test_a_checkpoint_resumes_only_with_the_kind_of_critic_it_trained(tmp_path, 
     untouched = params(fresh_model)
     with pytest.raises(UserError, match=re.escape(refused)) as exc:
         load_checkpoint(tmp_path, 2, fresh_model, fresh_optimizer, fresh_scheduler, identity, fresh_critic)
-    assert "\n" not in str(exc.value) and "resume with the checkpoint's advantage type and critic.type" in str(exc.value)
+    assert "\n" not in str(exc.value)
+    assert "resume with the checkpoint's advantage type and critic.type" in str(exc.value)
     assert all(torch.equal(untouched[k], v) for k, v in params(fresh_model).items())  # nothing loaded
     assert any(not torch.equal(before[k], v) for k, v in untouched.items())
 

@@ -19,7 +19,7 @@ from prime_rl.trainer.lora import apply_lora
 from prime_rl.trainer.model import forward_rows_logits, from_previous_position
 from prime_rl.trainer.rl.loss import build_loss
 from prime_rl.trainer.rl.train import step_scale, train_on_batch
-from prime_rl.trainer.value_head import ValueHead
+from prime_rl.trainer.value_head import ValueHeadCritic
 from prime_rl.utils.batch_format import RankBatch
 from tests.support.synthetic_batches import random_micro_batch
 
@@ -47,7 +47,7 @@ def test_values_are_the_heads_output_at_t_minus_1_of_each_sample_alone(tiny_mode
     mb = micro_batch([[Sample(lone[:2], lone[2:], [-1.0] * 3, 1.0, 0)],
                       [Sample(prompt, c, [-1.0] * len(c), 1.0, 0) for c in completions]])
     assert len(mb.sample_lens) == 5  # the lone sample, the shared root, three branches
-    head = ValueHead(CriticConfig(type="value_head"), net, torch.device("cpu"), seed=0)
+    head = ValueHeadCritic(CriticConfig(type="value_head"), net, torch.device("cpu"), seed=0)
     k, bias = 11, 0.25
     head.model.weight.copy_(net.get_output_embeddings().weight[k:k + 1])
     head.model.bias.fill_(bias)
@@ -89,7 +89,8 @@ def test_the_joint_gradient_is_the_policys_plus_value_coef_times_the_value_losss
     if lora:
         apply_lora(net, LoRAConfig(rank=4), seed=0)
     coef = 0.3
-    head = ValueHead(CriticConfig(type="value_head", value_coef=coef, value_clip=0.05), net, torch.device("cpu"), 0)
+    head = ValueHeadCritic(CriticConfig(type="value_head", value_coef=coef, value_clip=0.05), net,
+                           torch.device("cpu"), 0)
     g = torch.Generator().manual_seed(1)
     mbs = [random_micro_batch(g, VOCAB, samples=2, prompt_len=3, completion_len=5, rewards=True) for _ in range(2)]
     batch = RankBatch(step=0, temperature=1.0, max_tokens=5, micro_batches=mbs)
@@ -133,7 +134,7 @@ def test_the_joint_gradient_is_the_policys_plus_value_coef_times_the_value_losss
 def test_the_head_is_drawn_from_the_seed_and_is_not_part_of_the_policy(tiny_model_dir):
     net = tiny(tiny_model_dir)
     names = set(net.state_dict())
-    a, b, c = (ValueHead(CriticConfig(type="value_head"), net, torch.device("cpu"), seed) for seed in (7, 7, 8))
+    a, b, c = (ValueHeadCritic(CriticConfig(type="value_head"), net, torch.device("cpu"), seed) for seed in (7, 7, 8))
     assert torch.equal(a.model.weight, b.model.weight) and not torch.equal(a.model.weight, c.model.weight)
     assert a.model.weight.dtype == torch.float32 and a.model.weight.shape == (1, net.config.hidden_size)
     assert set(net.state_dict()) == names  # nothing added to the policy (its weights go to the servers)
@@ -145,8 +146,8 @@ def gae(critic: dict | None = None) -> dict:
 
 
 def test_critic_type_config_rules():
-    assert TrainerConfig.build([], gae({"type": "value_head", "value_coef": 0.5})).value_model.value_loss_coef == 0.5
-    assert TrainerConfig.build([], gae()).value_model.type == "separate"
+    assert TrainerConfig.build([], gae({"type": "value_head", "value_coef": 0.5})).critic_in_use.value_loss_coef == 0.5
+    assert TrainerConfig.build([], gae()).critic_in_use.type == "separate"
     for critic, words in [({"value_coef": 0.5}, "critic.value_coef weights the value loss in the policy's loss"),
                           ({"type": "separate", "value_coef": 0.1}, "critic.value_coef"),
                           ({"type": "value_head", "model": "somewhere"}, "critic.model is where a separate critic")]:

@@ -46,6 +46,7 @@ def test_a_missing_run_output_names_the_example_that_writes_it(tmp_path, monkeyp
     assert writer_hint("outputs/task-sft/weights/step_60") == \
         "it is written by `uv run sft @ examples/task/sft.toml`: run that first"
     assert "uv run rl @ examples/task/rl.toml" in writer_hint("outputs/task/weights/step_9")
-    assert writer_hint("outputs/other/weights/step_9") == "a run with output_dir = 'outputs/other' writes it: run that first"
+    assert writer_hint("outputs/other/weights/step_9") == \
+        "a run with output_dir = 'outputs/other' writes it: run that first"
     with pytest.raises(UserError, match="no such directory .*uv run sft @ examples/task/sft.toml"):
         resolve_model_path("outputs/task-sft/weights/step_60")

@@ -11,7 +11,8 @@ from prime_rl.utils.run_report import MetricsTail, sft_summary_lines
 def write_sft_metrics(path, steps=4, eval_at=(1, 3)):
     with open(path, "w") as f:
         for step in range(steps):
-            row = {"step": step, "source": "sft", "loss/sft": 2.0 - 0.5 * step, "optim/lr": 1e-3, "optim/grad_norm": 1.0}
+            row = {"step": step, "source": "sft", "loss/sft": 2.0 - 0.5 * step, "optim/lr": 1e-3,
+                   "optim/grad_norm": 1.0}
             if step in eval_at:
                 row["eval/reward"] = 0.2 * step
             f.write(json.dumps(row) + "\n")

@@ -1,13 +1,25 @@
 """`[orchestrator.advantage]`: a discriminated union on `type`, one pydantic model per advantage type.
 
-Every type is registered in `ADVANTAGES` (`@ADVANTAGES.config`); its function, in
-`prime_rl.orchestrator.advantage`, registers with `@ADVANTAGES.implements(ItsConfig)` and is
-called as `fn(rewards, **fields)` with the config's fields other than `type`. See
-docs/orchestrator.md for the formulas.
+Every type is registered in `ADVANTAGES` (`@ADVANTAGES.config`) and says where it is computed
+(`computed_in`); its function, in `prime_rl.advantages`, registers with `@ADVANTAGES.implements(ItsConfig)`
+and is called with the config's `arguments()` (every field but `type` and the options the framework
+applies itself: `kl_in_reward`, `kl_coef`, `whiten`):
+
+    computed_in = "orchestrator"   fn(rewards, **arguments) -> advantages
+                                   rewards [groups, rollouts] float64 (row g: the rollouts of one prompt),
+                                   advantages the same shape; the sample's advantage on its trained tokens
+    computed_in = "trainer"        fn(row: TokenRow, **arguments) -> A [T] float64, 0 off the mask
+                                   one packed row of the batch (`prime_rl.advantages.token.TokenRow`: per-token
+                                   rewards r_t, the critic's V_t, the loss mask, the segment lengths), before
+                                   the update epochs; whitened over the step when the config's `whiten` is true
+
+See docs/orchestrator.md#advantages for the formulas.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -16,30 +28,48 @@ from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.registry import Registry
 from prime_rl.utils.imports import import_callable
 
-ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.orchestrator.advantage")
+ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.advantages")
+
+ComputedIn = Literal["orchestrator", "trainer"]
+
+FRAMEWORK_OPTIONS = frozenset({"type", "kl_in_reward", "kl_coef", "whiten"})
+"""Fields the framework applies around a type's function, never passed to it: the type, the KL folded into the
+reward (the trainer, which has the reference model) and the whitening of a trainer-computed type over the step."""
 
 
-class _AdvantageBase(BaseConfig):
+class AdvantageBase(BaseConfig):
+    """The base of every advantage config (a type defined outside prime-rl subclasses it too)."""
+
+    computed_in: ClassVar[ComputedIn] = "orchestrator"
+    """Where the type's function runs: "orchestrator" from the rewards of each prompt's group (the batch carries
+    the advantages), "trainer" per token from the batch's `rewards` (it needs per-token values only the trainer
+    has: the critic's V_t, the reference's logprobs); the orchestrator then writes advantages of 0."""
     compares_rollouts: ClassVar[bool] = True
     """True for a group-relative type: it compares the rollouts of one prompt, so it needs at least 2 of them."""
-    token_level: ClassVar[bool] = False
-    """True for a type the trainer computes per token (`trainer/rl/token_advantage.py`): the orchestrator sends
-    each sample's reward (the batch's `rewards`) instead of an advantage."""
 
     def arguments(self) -> dict[str, Any]:
-        """The keyword arguments of the implementation: every field but `type` (and a group type's KL fields,
-        which the trainer applies)."""
-        skip = {"type"} if self.token_level else {"type", "kl_in_reward", "kl_coef"}
-        return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
+        """The keyword arguments of the implementation: every field but `FRAMEWORK_OPTIONS`."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in FRAMEWORK_OPTIONS}
+
+    def function(self) -> Callable[..., Any]:
+        """The registered implementation of this type with `arguments()` bound (module docstring)."""
+        return functools.partial(ADVANTAGES.implementation(self.type), **self.arguments())
+
+    @property
+    def whitened(self) -> bool:
+        """A trainer-computed type: the trainer whitens its A over every trained token of the step (the `whiten`
+        field or class attribute; none: no)."""
+        return bool(getattr(self, "whiten", False))
 
     @property
     def group_kl(self) -> bool:
-        """A group type with `kl_in_reward`: the trainer recomputes its advantages from each sample's reward minus
-        its KL to the reference (`trainer/rl/group_kl.py`); the orchestrator sends rewards and groups."""
-        return not self.token_level and getattr(self, "kl_in_reward", None) is not None
+        """An orchestrator-computed type with `kl_in_reward`: the trainer recomputes its advantages from each
+        sample's reward minus its KL to the reference (`prime_rl.advantages.kl`); the orchestrator sends rewards
+        and groups."""
+        return self.computed_in == "orchestrator" and getattr(self, "kl_in_reward", None) is not None
 
 
-class _GroupKl(_AdvantageBase):
+class _GroupKl(AdvantageBase):
     """The KL-in-reward option of the group types (verl's `use_kl_in_reward`)."""
 
     kl_in_reward: Literal["k1", "k3"] | None = None
@@ -82,14 +112,15 @@ class RppBaselineAdvantageConfig(_GroupKl):
 
 
 @ADVANTAGES.config
-class ReinforcePlusPlusAdvantageConfig(_AdvantageBase):
+class ReinforcePlusPlusAdvantageConfig(AdvantageBase):
     """Token-level REINFORCE++: per-token rewards r_t (the sample's reward on its last token, minus
     kl_coef * KL_t on every token with `kl_in_reward`), discounted returns G_t = sum_{k>=t} gamma^(k-t) r_k,
     whitened over every trained token of the batch. Computed by the trainer."""
 
     type: Literal["reinforce_plus_plus"] = "reinforce_plus_plus"
+    computed_in: ClassVar[ComputedIn] = "trainer"
     compares_rollouts: ClassVar[bool] = False
-    token_level: ClassVar[bool] = True
+    whiten: ClassVar[bool] = True
     gamma: float = Field(default=1.0, ge=0, le=1)
     """Discount per token."""
     kl_in_reward: Literal["k1", "k3"] | None = None
@@ -100,13 +131,13 @@ class ReinforcePlusPlusAdvantageConfig(_AdvantageBase):
 
 
 @ADVANTAGES.config
-class GaeAdvantageConfig(_AdvantageBase):
+class GaeAdvantageConfig(AdvantageBase):
     """PPO's GAE with a learned critic ([trainer.critic]): delta_t = r_t + gamma V_{t+1} - V_t,
     A_t = sum_l (gamma lam)^l delta_{t+l}, optionally whitened over the batch. Computed by the trainer."""
 
     type: Literal["gae"] = "gae"
+    computed_in: ClassVar[ComputedIn] = "trainer"
     compares_rollouts: ClassVar[bool] = False
-    token_level: ClassVar[bool] = True
     gamma: float = Field(default=1.0, ge=0, le=1)
     """Discount per token."""
     lam: float = Field(default=0.95, ge=0, le=1)
@@ -120,7 +151,7 @@ class GaeAdvantageConfig(_AdvantageBase):
 
 
 @ADVANTAGES.config
-class CustomAdvantageConfig(_AdvantageBase):
+class CustomAdvantageConfig(AdvantageBase):
     """A user function fn(rewards [groups, rollouts], **kwargs) -> advantages [groups, rollouts]."""
 
     type: Literal["custom"] = "custom"

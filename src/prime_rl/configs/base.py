@@ -21,14 +21,12 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from prime_rl.configs.describe import optional_section
+from prime_rl.configs.env_vars import ENV_NESTED_DELIMITER, ENV_PREFIX
 from prime_rl.configs.strict import reject_misplaced_bools
 from prime_rl.configs.toml_io import deep_merge, read_toml
 
 if TYPE_CHECKING:
     from prime_rl.configs.layers import Layer
-
-ENV_PREFIX = "PRIME_"
-ENV_NESTED_DELIMITER = "__"
 
 # The class being built and its TOML files. A context variable because pydantic-settings
 # builds sources from the class, not the instance; the class check keeps nested entrypoint
@@ -92,6 +90,10 @@ class EntrypointConfig(BaseSettings):
     # nested sections (rl's shared keys, which its components inherit).
     command: ClassVar[str] = ""
     help_hidden: ClassVar[tuple[str, ...]] = ()
+    # How the command holds its output_dir's run lock when started by hand (`utils/run_lock.py`): "shared" (the
+    # trainer and orchestrator of one run side by side), "exclusive", or None (no output_dir, or the lock is
+    # taken later: rl's `prepare_run_dir`).
+    run_lock: ClassVar[str | None] = None
 
     _no_misplaced_bools = model_validator(mode="before")(classmethod(reject_misplaced_bools))
     _sections_off = model_validator(mode="before")(classmethod(sections_off))

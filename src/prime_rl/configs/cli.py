@@ -20,16 +20,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import SettingsError
+from pydantic_settings import EnvSettingsSource, SettingsError
 
-from prime_rl.configs.base import ENV_PREFIX, EntrypointConfig
+from prime_rl.configs.base import EntrypointConfig
 from prime_rl.configs.describe import describe_config, model_types, tag_of
-from prime_rl.configs.env_vars import unknown_env_vars
+from prime_rl.configs.env_vars import ENV_PREFIX, env_name, unknown_env_vars
 from prime_rl.configs.layers import config_layers
 from prime_rl.configs.strict import check_bare_flags
 from prime_rl.configs.toml_io import deep_merge, dump_toml, read_toml
 from prime_rl.utils.disk import as_disk_error
 from prime_rl.utils.errors import ConfigError, PrimeError
+from prime_rl.utils.run_lock import take_for_component
 
 C = TypeVar("C", bound=EntrypointConfig)
 
@@ -160,17 +161,29 @@ def _set_in(layer: dict[str, Any], loc: Sequence[Any]) -> bool:
 
 
 def check_layers(config_cls: type[EntrypointConfig], toml_files: Sequence[Path]) -> None:
-    """Every TOML file's values are valid on their own, also those a later file, a PRIME_* variable or the command
-    line overrides (a wrong type hidden by an override is still a wrong file): a ConfigError naming the file and
-    the first bad key it sets. Rules across keys are judged on the merged config only."""
+    """Every TOML file's values, and the PRIME_* variables', are valid on their own, also those a later file, a
+    PRIME_* variable or the command line overrides (a wrong type hidden by an override is still a wrong file or
+    variable): a ConfigError naming the file (or the variable) and the first bad key it sets. Rules across keys are
+    judged on the merged config only."""
     for path in toml_files:
-        layer = read_toml(path)
-        try:
-            config_cls.validate_layer(layer)
-        except ValidationError as exc:
-            own = [error for error in exc.errors(include_url=False) if _set_in(layer, error.get("loc", ()))]
-            if own:
-                raise ConfigError(f"{path}: {format_errors(own, config_cls)}") from None
+        _check_layer(config_cls, read_toml(path), lambda key, message, path=path: f"{path}: {message}")
+    try:
+        env = EnvSettingsSource(config_cls)()
+    except SettingsError:
+        return  # a section variable that is not JSON: the build says so in one line
+    _check_layer(config_cls, env, lambda key, message: f"environment variable {env_name(key)}: {message}")
+
+
+def _check_layer(config_cls: type[EntrypointConfig], layer: dict[str, Any],
+                 where: Callable[[str, str], str]) -> None:
+    """A ConfigError for the first error at a key `layer` sets: `where(dotted key, message)`."""
+    try:
+        config_cls.validate_layer(layer)
+    except ValidationError as exc:
+        own = [error for error in exc.errors(include_url=False) if _set_in(layer, error.get("loc", ()))]
+        if own:
+            key = ".".join(str(part) for part in own[0]["loc"] if isinstance(part, str))
+            raise ConfigError(where(key, format_errors(own, config_cls))) from None
 
 
 def format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
@@ -234,7 +247,8 @@ def build_config(config_cls: type[C], argv: Sequence[str]) -> tuple[C, ParsedArg
     args = parse_args(argv)
     check_bare_flags(config_cls, args.bare_flags)
     for name in unknown_env_vars(config_cls, os.environ):
-        print(f"warning: ignoring environment variable {name}: not a config key of {config_cls.command}", file=sys.stderr)
+        print(f"warning: ignoring environment variable {name}: not a config key of {config_cls.command}",
+              file=sys.stderr)
     check_layers(config_cls, args.toml_files)
     try:
         settled, notices = config_cls.settle_layers(config_layers(config_cls, args.toml_files, args.overrides))
@@ -276,10 +290,17 @@ def parse_config(config_cls: type[C], argv: Sequence[str] | None = None) -> C:
 
 
 def run_main(config_cls: type[C], body: Callable[[C], Any], argv: Sequence[str] | None = None) -> None:
-    """The shape of every entrypoint: parse the config, run, turn known errors into one line."""
+    """The shape of every entrypoint: parse the config, hold the run directory's lock (`utils/run_lock.py`), run,
+    turn known errors into one line."""
     config = parse_config(config_cls, argv)
     try:
+        lock = None
+        if config_cls.run_lock is not None:
+            lock = take_for_component(getattr(config, "output_dir", None), config_cls.command,
+                                      shared=config_cls.run_lock == "shared")
         body(config)
+        if lock is not None:
+            lock.release()
     except PrimeError as exc:
         fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:

@@ -123,7 +123,8 @@ def describe(model: type[BaseModel], prefix: str = "", condition: str = "", hide
                                         defaults=default if type(default) is variant else None)
                 rows += [row for row in variant_rows if row.key != f"{key}.type"]
         else:
-            type_text = f"list of {'|'.join(m.__name__ for m in models)} tables" if models else _type_name(field.annotation)
+            type_text = (f"list of {'|'.join(m.__name__ for m in models)} tables" if models
+                         else _type_name(field.annotation))
             shown = _default_text(field) if defaults is None else _show(getattr(defaults, name))
             rows.append(KeyDoc(key, type_text, shown, description, condition))
     return rows

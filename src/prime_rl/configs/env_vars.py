@@ -20,14 +20,18 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel
 
-from prime_rl.configs.base import ENV_NESTED_DELIMITER, ENV_PREFIX
 from prime_rl.configs.describe import describe
 from prime_rl.utils.errors import ConfigError
+
+ENV_PREFIX = "PRIME_"
+ENV_NESTED_DELIMITER = "__"
+"""A key's variable: ENV_PREFIX + the dotted key upper-cased with each dot as ENV_NESTED_DELIMITER (`env_name`);
+the settings base class (`configs/base.py`) reads the variables by the same two."""
 
 INTERNAL_ENV_VARS = frozenset({
     "PRIME_INFERENCE_UPDATE_TIMEOUT_S",  # inference.vllm.middleware.TIMEOUT_ENV, set for the vLLM server
     "PRIME_INFERENCE_CONTEXT_LEN",  # inference.vllm.middleware.CONTEXT_ENV, set for the vLLM server
-    "PRIME_INFERENCE_POLICY",  # inference.policy.POLICY_ENV, set for the vLLM server
+    "PRIME_INFERENCE_POLICY",  # inference.access.POLICY_ENV, set for the vLLM server
     "PRIME_INFERENCE_SERVED_NAME",  # inference.vllm.middleware.SERVED_NAME_ENV, the adapter alias for vLLM
     "PRIME_INFERENCE_WEIGHT_TRANSFER",  # inference.vllm.middleware.TRANSFER_ENV, the transfer group for vLLM
 })

@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from pydantic_settings import EnvSettingsSource
+from pydantic_settings import BaseSettings, EnvSettingsSource
 
-from prime_rl.configs.base import EntrypointConfig
 from prime_rl.configs.env_vars import env_name
 from prime_rl.configs.toml_io import read_toml_layers
 
@@ -51,9 +50,11 @@ class Layer(NamedTuple):
         return f"{dotted} = {value!r} in {self.where}"
 
 
-def config_layers(config_cls: type[EntrypointConfig], toml_files: Sequence[Path],
+def config_layers(config_cls: type[BaseSettings], toml_files: Sequence[Path],
                   overrides: dict[str, Any]) -> list[Layer]:
-    """The layers `config_cls.build(toml_files, overrides)` merges, lowest precedence first."""
+    """The layers `config_cls.build(toml_files, overrides)` merges, lowest precedence first (`config_cls`: an
+    `EntrypointConfig`, whose `settle_layers` rules read them; this module does not import it, so the base class
+    can name `Layer`)."""
     layers = [Layer("file", str(path), values) for file in toml_files for path, values in read_toml_layers(file)]
     layers.append(Layer("env", "the PRIME_* variables", EnvSettingsSource(config_cls)()))
     layers.append(Layer("cli", "the command line", overrides))

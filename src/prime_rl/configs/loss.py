@@ -2,8 +2,9 @@
 
 Every variant is registered in `LOSSES` (`@LOSSES.config`); its function, in
 `prime_rl.trainer.rl.loss`, registers with `@LOSSES.implements(ItsConfig)`, and `LossConfig`
-is the union of the registered classes. See docs/losses.md for the formulas, defaults and papers. Every variant has a `normalization` (with its own default),
-an optional KL-to-reference term (`kl_coef`, `kl_type`) and an entropy bonus (`entropy_coef`).
+is the union of the registered classes. See docs/losses.md for the formulas, defaults and papers.
+Every variant has a `normalization` (with its own default), an optional KL-to-reference term
+(`kl_coef`, `kl_type`) and an entropy bonus (`entropy_coef`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class _LossCommon(BaseConfig):
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL-to-reference penalty (needs `ref_logprobs` in the batch when > 0)."""
     kl_type: KLType = "k3"
-    """KL estimator on `d = lp - ref`: k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (exp(-d) continued linearly below d = -20, so it cannot overflow), low_var_kl = k3 with d clamped to [-20, 20], then clamped to [-10, 10]."""
+    """KL estimator on `d = lp - ref`: k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (exp(-d) continued linearly below d =
+    -20, so it cannot overflow), low_var_kl = k3 with d clamped to [-20, 20], then clamped to [-10, 10]."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Weight of the entropy bonus (subtracts entropy_coef * entropy per token; needs entropies from the trainer)."""
 
@@ -169,7 +171,8 @@ class BnpoLossConfig(PPOClipConfig):
 
 @LOSSES.config
 class DrGrpoLossConfig(PPOClipConfig):
-    """Dr. GRPO: clipped surrogate, sum divided by a constant N * max_tokens, N = samples with a trained token (arXiv 2503.20783)."""
+    """Dr. GRPO: clipped surrogate, sum divided by a constant N * max_tokens, N = samples with a trained token (arXiv
+    2503.20783)."""
 
     type: Literal["dr_grpo"] = "dr_grpo"
     normalization: Normalization = "constant"

@@ -4,15 +4,16 @@ The extension points and where each side is registered:
 
     registry                          config classes                 implementations
     configs.loss.LOSSES               configs/loss.py                trainer/rl/loss.py
-    configs.advantage.ADVANTAGES      configs/advantage.py           orchestrator/advantage.py
+    configs.advantage.ADVANTAGES      configs/advantage.py           advantages/ (group.py, token.py)
     inference.config.BACKENDS         inference/config.py            inference/backends.py
     envs.registry.ENVIRONMENTS        the Environment class is both (its keyword arguments are the TOML `args`)
 
 A config class registers with `@REGISTRY.config`, under the default of its `type` field (the
 TOML value that selects it) or, for a section without one, its `name` class attribute. Its
-implementation registers with `@REGISTRY.implements(ConfigClass, ...)` in the component that
-runs it; `configs/` stays a base layer that imports no component, so the registry imports the
-implementing module (`implemented_in`) the first time an implementation is asked for.
+implementation registers with `@REGISTRY.implements(ConfigClass, ...)` in the module that
+holds it (a component's, or `advantages/`, which both RL processes import); `configs/` stays a
+base layer that imports no component, so the registry imports the implementing module or package
+(`implemented_in`) the first time an implementation is asked for.
 The config union (`union()`) and the choices (`names`) come from the registry, and
 `drift()` names every config without an implementation (a test runs it on every registry).
 """
@@ -20,7 +21,8 @@ The config union (`union()`) and the choices (`names`) come from the registry, a
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Generic, TypeVar, Union
 
 from pydantic import BaseModel, Field
@@ -98,6 +100,25 @@ class Registry(Generic[Impl]):
         """The pydantic type of a config section of this kind: the registered classes, told apart by `type`."""
         self._union_built = True
         return Annotated[Union[tuple(self.configs.values())], Field(discriminator="type")]  # noqa: UP007
+
+    def unregister(self, name: str) -> None:
+        """Remove `name`'s config class and implementation (an extension registered for a while, such as a test's).
+        What was built from the registry meanwhile (a config union, the backend choices) is not rebuilt."""
+        if name not in self.configs:
+            raise ValueError(f"{self.kind} '{name}' is not registered")
+        del self.configs[name]
+        self._implementations.pop(name, None)
+
+    @contextmanager
+    def scoped(self) -> Iterator[None]:
+        """Every name registered inside the block is unregistered when it ends, so a test's extension (registered by
+        importing its module, say) leaves the registry as it found it."""
+        before = set(self.configs)
+        try:
+            yield
+        finally:
+            for name in [name for name in self.configs if name not in before]:
+                self.unregister(name)
 
     def drift(self) -> list[str]:
         """The names with a config and no implementation (empty: the two sides agree; the reverse cannot

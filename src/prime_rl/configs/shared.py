@@ -13,6 +13,10 @@ from prime_rl.configs.validators import OutputDir
 from prime_rl.utils.embedded_models import resolve_model_path
 
 PositiveInt = Annotated[int, Field(gt=0)]
+AsyncLevel = Annotated[int, Field(ge=0)]
+"""`max_async_level`'s type, the one place its bound is written: rollouts of step n may use weights of step m only
+if n - m <= this (0: on-policy). rl, the orchestrator and the trainer each have the key (rl hands it down)."""
+ASYNC_LEVEL_DEFAULT = 1
 
 
 class ModelConfig(BaseConfig):
@@ -67,7 +71,8 @@ class RunConfig(EntrypointConfig):
     """The model."""
 
     output_dir: OutputDir = Path("outputs/run")
-    """Run directory: configs, rollouts, weights, checkpoints, logs, metrics; must be a creatable, writable directory."""
+    """Run directory: configs, rollouts, weights, checkpoints, logs, metrics; must be a creatable, writable
+    directory."""
 
     max_steps: PositiveInt = 20
     """Number of optimizer steps (= rollout batches)."""

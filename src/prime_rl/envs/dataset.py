@@ -71,7 +71,8 @@ def _prompt(value: Any, system_prompt: str, ref: RowRef, column: str) -> list[di
     if isinstance(value, list) and value and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in value):
-        system = [{"role": "system", "content": system_prompt}] if system_prompt and value[0]["role"] != "system" else []
+        system = ([{"role": "system", "content": system_prompt}]
+                  if system_prompt and value[0]["role"] != "system" else [])
         return [*system, *({"role": m["role"], "content": m["content"]} for m in value)]
     raise UserError(f"{ref}: column {column!r} must be a string or a non-empty list of {{role, content}} messages, "
                     f"got {str(value)[:60]!r}")

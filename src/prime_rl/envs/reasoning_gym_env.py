@@ -62,7 +62,8 @@ class ReasoningGymEnv(Environment):
         for name, weight in tasks.items():
             if name not in known:
                 close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
-                hint = f"close names: {', '.join(close)}" if close else f"{len(known)} tasks, e.g. {', '.join(sorted(known)[:5])}"
+                hint = (f"close names: {', '.join(close)}" if close
+                        else f"{len(known)} tasks, e.g. {', '.join(sorted(known)[:5])}")
                 raise UserError(f"environment '{self.id}': unknown task {name!r} ({hint})")
             require(isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0, self.id,
                     f"the weight of task {name!r} must be a positive number, got {weight!r}")

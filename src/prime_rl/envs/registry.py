@@ -28,7 +28,8 @@ def register_env(cls: type[Environment]) -> type[Environment]:
     if not getattr(cls, "id", None):
         raise ValueError(f"{cls.__name__} needs a class attribute 'id'")
     if not same_definition(ENVIRONMENTS.get(cls.id, cls), cls):
-        raise ValueError(f"environment '{cls.id}' is registered twice ({ENVIRONMENTS[cls.id].__name__}, {cls.__name__})")
+        raise ValueError(f"environment '{cls.id}' is registered twice "
+                         f"({ENVIRONMENTS[cls.id].__name__}, {cls.__name__})")
     ENVIRONMENTS[cls.id] = cls
     return cls
 

@@ -22,7 +22,8 @@ class ReverseTextEnv(SyntheticEnvironment):
     id = "reverse-text"
 
     def __init__(self, min_len: int = 5, max_len: int = 12, system_prompt: str = ""):
-        require(1 <= min_len <= max_len, self.id, f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+        require(1 <= min_len <= max_len, self.id,
+                f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
         self.min_len, self.max_len = min_len, max_len
         self.system_prompt = system_prompt
 

@@ -81,7 +81,8 @@ class ToolEnvironment(MultiTurnEnvironment):
         require(max_turns >= 1, self.id, f"max_turns must be >= 1, got {max_turns}")
         require(tool_timeout_s > 0, self.id, f"tool_timeout_s must be > 0, got {tool_timeout_s}")
         require(max_tool_output_chars >= 1, self.id, f"max_tool_output_chars must be >= 1, got {max_tool_output_chars}")
-        self.max_turns, self.tool_timeout_s, self.max_tool_output_chars = max_turns, tool_timeout_s, max_tool_output_chars
+        self.max_turns, self.tool_timeout_s, self.max_tool_output_chars = (
+            max_turns, tool_timeout_s, max_tool_output_chars)
         functions = self.tool_functions()
         self.tools = [function_schema(fn) for fn in functions]
         self.functions: dict[str, Callable[..., Any]] = {}

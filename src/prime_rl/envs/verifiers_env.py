@@ -193,7 +193,8 @@ class VerifiersToolEnv(_Taskset, ToolEnvironment):
     def tool_functions(self) -> list[Callable[..., Any]]:
         from verifiers.v1.utils.decorators import discover_decorated
 
-        return [_tool_function(server, method) for server in self.toolsets for method in discover_decorated(server, "tool")]
+        return [_tool_function(server, method)
+                for server in self.toolsets for method in discover_decorated(server, "tool")]
 
     async def _setup_toolsets(self) -> None:
         """`Toolset.setup()` of every toolset, once, on the event loop that runs the rollouts."""

@@ -12,8 +12,8 @@ as peft saves it) is refused (UserError, HTTP 400) unless
   `base_model.model.<name>` for an untied weight `<name>` of the served model whose module
   `modules_to_save` names (`utils.lora.is_saved_module`), of that weight's shape, in such a dtype;
 - every value is finite (each tensor is read once);
-- both files are regular files (`weights.regular_file`; the directory and its files were already
-  checked against the allowed roots by `weights.check_weight_dir`).
+- both files are regular files, read through the descriptors they were checked on (an update's
+  `weights.WeightDir`: opened once and checked against the allowed roots by `weights.open_update_dir`).
 
 The adapter then changes each module's weight to W0 + scale * B @ A (`utils.lora`), with
 scale = lora_alpha / r (lora_alpha / sqrt(r) with `use_rslora`), and sets each saved weight.
@@ -21,15 +21,21 @@ scale = lora_alpha / r (lora_alpha / sqrt(r) with `use_rslora`), and sets each s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from prime_rl.inference.weight_check import TRAINER_FLOATS, Reference, TensorSpec, check_finite, read_file_specs
-from prime_rl.inference.weights import regular_file
+from prime_rl.inference.weight_check import (
+    TRAINER_FLOATS,
+    Reference,
+    TensorSpec,
+    check_finite,
+    read_file_specs,
+    read_json_object,
+)
+from prime_rl.inference.weights import WeightDir, opened
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, is_saved_module, lora_scale, split_key
 
@@ -56,20 +62,11 @@ def shown(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def is_adapter_dir(path: str | Path) -> bool:
-    """An update directory is an adapter when it has adapter_config.json (whatever else it holds)."""
-    return (Path(path) / ADAPTER_CONFIG).exists() or (Path(path) / ADAPTER_CONFIG).is_symlink()
-
-
-def read_adapter_config(path: str | Path) -> tuple[int, float, list[str]]:
+def read_adapter_config(source: WeightDir | str | Path) -> tuple[int, float, list[str]]:
     """(r, scale, modules_to_save) of a plain LoRA `adapter_config.json`; UserError naming the first problem."""
-    file = Path(path) / ADAPTER_CONFIG
-    try:
-        config = json.loads(regular_file(file).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {file}: {exc}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{file} is not a JSON object")
+    with opened(source) as weights:
+        file = weights.path / ADAPTER_CONFIG
+        config = read_json_object(weights.file(ADAPTER_CONFIG))
     if config.get("peft_type") != "LORA":
         raise UserError(f"{file}: peft_type {shown(config.get('peft_type'))} is not a LoRA adapter (peft_type 'LORA')")
     rank, alpha = config.get("r"), config.get("lora_alpha")
@@ -81,7 +78,8 @@ def read_adapter_config(path: str | Path) -> tuple[int, float, list[str]]:
         raise UserError(f"{file}: bias = {shown(config['bias'])} is not supported (only 'none')")
     for key in UNSUPPORTED:
         if config.get(key):
-            raise UserError(f"{file}: {key} = {shown(config[key])} is not supported by weight updates (plain LoRA only)")
+            raise UserError(f"{file}: {key} = {shown(config[key])} is not supported by weight updates "
+                            "(plain LoRA only)")
     rslora = config.get("use_rslora", False)
     if not isinstance(rslora, bool):
         raise UserError(f"{file}: use_rslora must be true or false")
@@ -154,28 +152,27 @@ def check_dtype(path: str | Path, name: str, spec: TensorSpec) -> None:
                         f"(expected one of {', '.join(sorted(TRAINER_FLOATS))})")
 
 
-def verify_adapter_dir(path: str | Path, reference: Reference | None, keep: bool) -> Adapter:
-    """Run every check on an adapter directory; with `keep`, return its tensors too.
+def verify_adapter_dir(source: WeightDir | str | Path, reference: Reference | None, keep: bool) -> Adapter:
+    """Run every check on an adapter directory (an update's open `WeightDir`, or a trusted path); with `keep`,
+    return its tensors too.
 
     Without a reference (a vLLM model whose checkpoint cannot be read) the shapes are checked only among
     themselves."""
-    from safetensors import safe_open
-
-    rank, scale, modules_to_save = read_adapter_config(path)
-    file = regular_file(Path(path) / ADAPTER_WEIGHTS)
-    check_adapter_specs(path, read_file_specs(file), rank, modules_to_save, reference)
     tensors: dict[str, torch.Tensor] = {}
-    try:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for key in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                tensor = handle.get_tensor(key)
+    with opened(source) as weights:
+        path = weights.path
+        rank, scale, modules_to_save = read_adapter_config(weights)
+        file = weights.file(ADAPTER_WEIGHTS)
+        check_adapter_specs(path, read_file_specs(file), rank, modules_to_save, reference)
+        try:
+            for key, tensor in file.tensors():
                 check_finite(path, key, tensor)
                 if keep:
                     tensors[key] = tensor
-    except UserError:
-        raise
-    except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise UserError(f"cannot read the adapter in {path}: {exc}") from None
+        except UserError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise UserError(f"cannot read the adapter in {path}: {exc}") from None
     modules: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     saved: dict[str, torch.Tensor] = {}
     for key in tensors:

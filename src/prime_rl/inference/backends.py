@@ -62,14 +62,14 @@ class BuiltinServer:
 def builtin_server(config: InferenceConfig) -> BuiltinServer:
     """Bind, load the model and build the app of a builtin server (`serve_builtin` serves it; the test suite
     serves it in a thread)."""
+    from prime_rl.inference.access import AccessPolicy
     from prime_rl.inference.builtin.app import create_app
     from prime_rl.inference.builtin.engine import Engine
     from prime_rl.inference.gate import WeightGate
-    from prime_rl.inference.policy import Policy
 
     log = setup_logging("inference")
     sock = bind(config.host, config.port)  # before loading: a busy port fails fast
-    policy = Policy.from_config(config)
+    access = AccessPolicy.from_config(config)
     b = config.builtin
     engine = Engine(config.model.path, context_len=config.seq_len, seed=config.seed, device=b.device, dtype=b.dtype,
                     max_batch_size=b.max_batch_size, trust_remote_code=config.model.trust_remote_code,
@@ -83,13 +83,13 @@ def builtin_server(config: InferenceConfig) -> BuiltinServer:
 
         receiver = TransferReceiver(config.weight_transfer, engine)
     # Loaded from `model.path` (an embedded default resolves to its directory); served as `model.name`.
-    app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s), policy,
+    app = create_app(engine, config.model.name, WeightGate(step=0, timeout_s=config.update_timeout_s), access,
                      receiver)
     host, port = sock.getsockname()[:2]
     log.info(f"builtin backend: {config.model.name} on {engine.device}, context {engine.context_len}; "
              f"serving on http://{host}:{port}")
-    log.info(f"API key {'required' if policy.api_key else 'not set'}; weight updates from: "
-             f"{', '.join(map(str, policy.weight_roots)) or 'nowhere'}")
+    log.info(f"API key {'required' if access.api_key else 'not set'}; weight updates from: "
+             f"{', '.join(map(str, access.weight_roots)) or 'nowhere'}")
     http = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
                                          timeout_keep_alive=KEEP_ALIVE_S))
     return BuiltinServer(http, sock, engine)

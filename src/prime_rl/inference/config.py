@@ -12,11 +12,12 @@ from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.registry import Registry
 from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.validators import ApiKey, Host
-from prime_rl.inference.policy import DEFAULT_MAX_REQUEST_BYTES
+from prime_rl.inference.access import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_REQUEST_TOKENS
 
-# Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (the orchestrator's aiohttp: 15 s; httpx: 5 s), so the
-# client always closes first: with equal timeouts a request sent on a connection the server is just closing
-# fails with a connection reset (seen as httpx.ReadError at 256 concurrent requests).
+# Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (the orchestrator's
+# aiohttp: 15 s; httpx: 5 s), so the client always closes first: with equal timeouts a request sent on a
+# connection the server is just closing fails with a connection reset (seen as httpx.ReadError at 256
+# concurrent requests).
 KEEP_ALIVE_S = 120
 
 BACKENDS: Registry[Any] = Registry("inference backend", implemented_in="prime_rl.inference.backends")
@@ -32,11 +33,13 @@ class BuiltinConfig(BaseConfig):
     device: str = "auto"
     """Torch device ('auto': cuda:0 when a GPU is present, else cpu)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights and compute dtype (rl sets the trainer's compute dtype unless given: float32 on CPU, bfloat16 for a bf16 trainer on GPU, so on-policy logprobs match)."""
+    """Weights and compute dtype (rl sets the trainer's compute dtype unless given: float32 on CPU, bfloat16 for a bf16
+    trainer on GPU, so on-policy logprobs match)."""
     max_batch_size: Annotated[int, Field(gt=0)] = 64
     """Most sequences decoded together; further requests wait for a free slot."""
     threads: Annotated[int, Field(gt=0)] | None = 1
-    """Torch CPU threads (torch.set_num_threads; none: one per core); 1 is fastest for tiny models and beside a trainer."""
+    """Torch CPU threads (torch.set_num_threads; none: one per core); 1 is fastest for tiny models and beside a
+    trainer."""
 
 
 @BACKENDS.config
@@ -56,11 +59,15 @@ class VLLMConfig(BaseConfig):
     enforce_eager: bool = False
     """Skip CUDA graphs / compilation (vLLM --enforce-eager): faster start, slower decode."""
     dtype: str = "auto"
-    """Model dtype (vLLM --dtype); rl sets the trainer's compute dtype unless given (bfloat16 for a bf16 trainer on GPU)."""
+    """Model dtype (vLLM --dtype); rl sets the trainer's compute dtype unless given (bfloat16 for a bf16 trainer on
+    GPU)."""
     max_lora_rank: Annotated[int, Field(ge=1, le=512)] | None = None
-    """Serve LoRA adapter updates up to this rank (vLLM --enable-lora --max-lora-rank, rounded up to a rank vLLM accepts); none: full-weight updates only. rl sets it to trainer.lora.rank when the trainer publishes adapters."""
+    """Serve LoRA adapter updates up to this rank (vLLM --enable-lora --max-lora-rank, rounded up to a rank vLLM
+    accepts); none: full-weight updates only. rl sets it to trainer.lora.rank when the trainer publishes adapters."""
     tool_call_parser: Annotated[str, Field(min_length=1)] | None = None
-    """vLLM's parser of the model's tool-call text into `tool_calls` (e.g. "hermes" for Qwen models): when set, vLLM runs with --enable-auto-tool-choice --tool-call-parser <name>, and chat requests may send `tools` with tool_choice "auto"."""
+    """vLLM's parser of the model's tool-call text into `tool_calls` (e.g. "hermes" for Qwen models): when set, vLLM
+    runs with --enable-auto-tool-choice --tool-call-parser <name>, and chat requests may send `tools` with tool_choice
+    "auto"."""
     extra_args: list[str] = Field(default_factory=list)
     """Further vLLM server arguments, verbatim (e.g. ["--max-num-seqs", "256"])."""
 
@@ -100,19 +107,28 @@ class InferenceConfig(EntrypointConfig):
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     """Port to bind (0: any free port)."""
     weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
-    """How weight updates arrive (rl hands it down): from weight directories, or also over a torch.distributed group from the trainer."""
+    """How weight updates arrive (rl hands it down): from weight directories, or also over a torch.distributed group
+    from the trainer."""
     num_servers: Annotated[int, Field(ge=1)] = 1
-    """(rl) How many copies of this server rl starts for the policy (each on its own free port and share of inference_gpu_ids); the orchestrator spreads requests over them and updates all."""
+    """(rl) How many copies of this server rl starts for the policy (each on its own free port and share of
+    inference_gpu_ids); the orchestrator spreads requests over them and updates all."""
     update_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Longest a weight update waits for in-flight requests to finish (and requests wait for an update)."""
     api_key: ApiKey | None = Field(default=None, exclude=True)
-    """Bearer token every endpoint but /health requires (Authorization: Bearer <key>); set it as PRIME_API_KEY. Never printed or written to configs/; rl makes a random one per run when unset."""
+    """Bearer token every endpoint but /health requires (Authorization: Bearer <key>); set it as PRIME_API_KEY. Never
+    printed or written to configs/; rl makes a random one per run when unset."""
     weight_dirs: list[Path] = Field(default_factory=list)
-    """Directories /update_weights may load from (a directory in or below one, after resolving symlinks); the served model's own directory always is. rl adds <output_dir>/weights."""
+    """Directories /update_weights may load from (a directory in or below one, after resolving symlinks); the served
+    model's own directory always is. rl adds <output_dir>/weights."""
     max_request_bytes: Annotated[int, Field(gt=0)] = DEFAULT_MAX_REQUEST_BYTES
     """Largest request body in bytes; a larger one gets HTTP 413."""
+    max_request_tokens: Annotated[int, Field(gt=0)] = DEFAULT_MAX_REQUEST_TOKENS
+    """Most completion tokens one generate request may ask for: prompts x n x max_tokens (max_tokens unset: the context
+    length); a larger one gets HTTP 400. The builtin backend also shares its batch fairly between requests, so a large
+    one delays another by at most one generation (docs/inference.md)."""
     allowed_hosts: list[str] = Field(default_factory=list)
-    """Host header names /update_weights and /reset accept besides localhost, loopback addresses and `host` (bound to 0.0.0.0 or ::, also any IP address)."""
+    """Host header names /update_weights and /reset accept besides localhost, loopback addresses and `host` (bound to
+    0.0.0.0 or ::, also any IP address)."""
     builtin: BuiltinConfig = Field(default_factory=BuiltinConfig)
     """Options of the builtin backend."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -2,7 +2,7 @@
 
 In this order, each answered with a JSON error body:
 
-1. API key (when the policy has one): every endpoint but `GET /health` needs
+1. API key (when the access policy has one): every endpoint but `GET /health` needs
    `Authorization: Bearer <key>`; otherwise 401.
 2. Admin endpoints (`POST /update_weights`, `POST /reset`): the `Host` header must name
    this server (localhost, a loopback address, the bound address, an `allowed_hosts`
@@ -22,7 +22,7 @@ import ipaddress
 import json
 from http import HTTPStatus
 
-from prime_rl.inference.policy import Policy
+from prime_rl.inference.access import AccessPolicy
 
 ADMIN_PATHS = frozenset({"/update_weights", "/reset"})
 OPEN_PATHS = frozenset({"/health"})
@@ -74,32 +74,32 @@ def host_name(header: str) -> str:
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
-def host_allowed(header: str | None, policy: Policy) -> bool:
+def host_allowed(header: str | None, access: AccessPolicy) -> bool:
     """Whether a Host header names this server (see the module docstring)."""
     if not header:
         return False
     name = host_name(header)
-    if name in ("localhost", policy.host.lower()) or name in {h.lower() for h in policy.allowed_hosts}:
+    if name in ("localhost", access.host.lower()) or name in {h.lower() for h in access.allowed_hosts}:
         return True
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
         return False
-    return address.is_loopback or policy.host in WILDCARD_HOSTS
+    return address.is_loopback or access.host in WILDCARD_HOSTS
 
 
 def is_json(content_type: str | None) -> bool:
     return (content_type or "").partition(";")[0].strip().lower() == "application/json"
 
 
-def refusal(scope, policy: Policy) -> tuple[int, str] | None:
+def refusal(scope, access: AccessPolicy) -> tuple[int, str] | None:
     """(status, message) when the request's headers already refuse it, else None."""
     path, method = scope["path"], scope["method"]
-    if path not in OPEN_PATHS and not authorized(scope, policy.api_key):
+    if path not in OPEN_PATHS and not authorized(scope, access.api_key):
         return 401, "missing or wrong API key: send 'Authorization: Bearer <key>'"
     if method == "POST" and path in ADMIN_PATHS:
         host = _header(scope, b"host")
-        if not host_allowed(host, policy):
+        if not host_allowed(host, access):
             return 403, f"{path} refuses the Host header {(host or '')[:100]!r} (not this server)"
         if not is_json(_header(scope, b"content-type")):
             return 415, f"{path} needs 'Content-Type: application/json'"
@@ -107,8 +107,8 @@ def refusal(scope, policy: Policy) -> tuple[int, str] | None:
     if length is not None:
         if not length.strip().isdigit():
             return 400, f"invalid Content-Length {length!r}"
-        if int(length) > policy.max_request_bytes:
-            return 413, f"request body of {int(length)} bytes exceeds the limit of {policy.max_request_bytes} bytes"
+        if int(length) > access.max_request_bytes:
+            return 413, f"request body of {int(length)} bytes exceeds the limit of {access.max_request_bytes} bytes"
     return None
 
 
@@ -141,23 +141,23 @@ def replay(body: bytes, receive):
 class RequestGuard:
     """Pure ASGI wrapper applying `refusal` and the body cap before `app` runs."""
 
-    def __init__(self, app, policy: Policy):
+    def __init__(self, app, access: AccessPolicy):
         self.app = app
-        self.policy = policy
+        self.access = access
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        refused = refusal(scope, self.policy)
+        refused = refusal(scope, self.access)
         if refused is not None:
             status, message = refused
             extra = ((b"www-authenticate", b"Bearer"),) if status == 401 else ()
             return await send_error(send, status, message, extra)
         if scope["method"] in ("POST", "PUT", "PATCH"):
             try:
-                body = await read_body(receive, self.policy.max_request_bytes)
+                body = await read_body(receive, self.access.max_request_bytes)
             except BodyTooLarge:
-                message = f"request body exceeds the limit of {self.policy.max_request_bytes} bytes"
+                message = f"request body exceeds the limit of {self.access.max_request_bytes} bytes"
                 return await send_error(send, 413, message)
             receive = replay(body, receive)
         return await self.app(scope, receive, send)

@@ -1,4 +1,6 @@
-"""OpenAI-style request bodies the builtin server accepts (a subset of vLLM's, same names).
+"""OpenAI-style request bodies the builtin server accepts (a subset of vLLM's, same names), the limits every
+backend applies to them (`context_overflow`, `budget_overflow`), and `Completion`, one sampled choice as an engine
+hands it to the answer builders (`api.py`).
 
 Fields a client may send that do not change the result (`stream: false`, `user`,
 `logprobs`, `return_token_ids`: token ids and logprobs are always returned) are accepted
@@ -13,11 +15,21 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
-from prime_rl.utils.chat_tokens import check_template_kwargs
+from prime_rl.utils.chat_tokens import RESERVED_TEMPLATE_KWARGS, check_template_kwargs
 from prime_rl.utils.strict_json import finite_float, refuse_constant
 from prime_rl.utils.tool_calls import parse_arguments
 
@@ -26,7 +38,28 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the seed range, as vLLM's
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, so what is left here is alone
 
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-Int = StrictInt
+
+
+def _integral(value: Any) -> Any:
+    """A float with an integral value as that int (JSON Schema counts 2.0 as an integer); anything else as is, for
+    StrictInt to judge (it refuses booleans, strings and fractions)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def Int(**bounds: Any) -> Any:  # noqa: N802 (a type)
+    """An integer field: a JSON integer (2.0 too), never a boolean or a string, within `bounds` (ge, le, ...). The
+    bounds sit inside the float-to-int step, so the JSON schema states them (`minimum`, `maximum`)."""
+    return Annotated[StrictInt, Field(**bounds), BeforeValidator(_integral)]
+TOKEN_ID_MARK = "x-token-id"  # `openapi.document` bounds these by the served vocabulary
+
+
+def documented(**schema: Any) -> Any:
+    """A field whose JSON schema (`/openapi.json`) also says `schema`: what a validator below refuses with its own
+    one-line message, said in the schema so that clients and fuzzers see what is accepted."""
+    return Field(json_schema_extra=schema)
+
+
+TokenId = Int(ge=0, json_schema_extra={TOKEN_ID_MARK: True})
 
 
 def _check_tree(value: Any) -> None:
@@ -96,11 +129,18 @@ class MessageToolCall(BaseModel):
     function: FunctionCall
 
 
+CONTENT_RULE = {"anyOf": [  # `_content_or_calls` in JSON schema
+    {"required": ["content"], "properties": {"content": {"type": "string"}}},
+    {"required": ["role", "tool_calls"],
+     "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}}},
+]}
+
+
 class ChatMessage(BaseModel):
     """A message: `content` is text, or null in an assistant message with `tool_calls`; a `tool` message answers
     a call (`tool_call_id`, `name`). Other keys pass through to the chat template."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=CONTENT_RULE)
 
     role: str
     content: str | None = None
@@ -139,18 +179,19 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
-    n: Annotated[Int, Field(ge=1, le=1024)] = 1
+    n: Int(ge=1, le=1024) = 1
     temperature: Annotated[Float, Field(ge=0)] = 1.0
     top_p: Annotated[Float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[Int, Field(ge=-1)] = -1
+    top_k: Int(ge=-1) = -1
     min_p: Annotated[Float, Field(ge=0, le=1)] = 0.0
-    max_tokens: Annotated[Int, Field(ge=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: Annotated[Int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
-    logprobs: Any = None
-    stream: bool = False
-    top_logprobs: Int | None = None
-    prompt_logprobs: Annotated[Int, Field(ge=0)] | None = None
+    max_tokens: Int(ge=1) | None = None
+    stop: Annotated[str, documented(minLength=1)] | list[Annotated[str, documented(minLength=1)]] | None = None
+    seed: Int(ge=INT64_MIN, le=INT64_MAX) | None = None
+    logprobs: StrictBool | Int(ge=0, json_schema_extra={"maximum": 1}) | None = None
+    """Chat: a boolean; completions: 0 or 1 (the sampled token's logprob is always returned)."""
+    stream: Annotated[StrictBool, documented(const=False)] = False
+    top_logprobs: Int(json_schema_extra={"minimum": 0, "maximum": 0}) | None = None
+    prompt_logprobs: Int(ge=0, json_schema_extra={"maximum": 0}) | None = None
     """vLLM's scoring option: the logprob of every prompt token given the tokens before it, at `temperature`
     (0: untempered) and without truncation; only 0 (the prompt token itself, no alternatives), on /v1/completions."""
 
@@ -178,10 +219,11 @@ class SamplingFields(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
+    max_completion_tokens: Int(ge=1) | None = None
     tools: list[Tool] | None = None
-    tool_choice: Any = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    tool_choice: Annotated[Any, documented(enum=["auto", "none", None])] = None
+    chat_template_kwargs: Annotated[dict[str, Any], documented(
+        propertyNames={"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}})] | None = None
     """Variables for the chat template (vLLM's field), e.g. {"enable_thinking": false}; never a renderer argument
     such as `chat_template` (a request cannot bring its own template)."""
 
@@ -189,6 +231,8 @@ class ChatRequest(SamplingFields):
     @classmethod
     def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if value is None else check_template_kwargs(value)
+
+    prompt_logprobs: Annotated[Int(ge=0) | None, documented(type="null")] = None  # refused here (validator below)
 
     @field_validator("prompt_logprobs")
     @classmethod
@@ -224,9 +268,10 @@ MAX_PROMPTS = 1024  # prompts of one completions request (a batch of token-id pr
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[Int] | list[Annotated[list[Int], Field(min_length=1)]] = Field(min_length=1)
+    prompt: str | list[TokenId] | list[Annotated[list[TokenId], Field(min_length=1)]] = Field(
+        min_length=1, json_schema_extra={"minLength": 1, "minItems": 1})
     """A text, token ids, or a batch of token-id prompts (as vLLM: choice p * n + j is prompt p's choice j)."""
-    echo: bool = False
+    echo: Annotated[StrictBool, documented(const=False)] = False
 
     @model_validator(mode="after")
     def _no_echo(self):
@@ -253,9 +298,41 @@ def context_overflow(prompt_tokens: int, max_tokens: int, context_len: int) -> s
     return f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the context length {context_len}"
 
 
+def budget_overflow(prompts: int, n: int, max_tokens: int, budget: int) -> str | None:
+    """Why a request is refused for asking too much, else None: its completion tokens at most, prompts x n x
+    max_tokens (`max_tokens` the largest any prompt gets), past `budget` (`max_request_tokens`). One request
+    may not hold the server for minutes: 64 prompts x n = 1024 x 2,000 tokens is 131 M tokens."""
+    asked = prompts * n * max_tokens
+    if asked <= budget:
+        return None
+    return (f"the request asks for up to {asked:,} completion tokens (prompts x n x max_tokens = {prompts} x {n} x "
+            f"{max_tokens}), past this server's budget of {budget:,} per request (max_request_tokens)")
+
+
+class ResetRequest(BaseModel):
+    """`POST /reset`'s body: an empty JSON object (an admin request is JSON, `guard.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class UpdateWeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(min_length=1)
-    step: Annotated[Int, Field(ge=0, le=INT64_MAX)] | None = None
+    step: Int(ge=0, le=INT64_MAX) | None = None
     in_flight: StrictBool = False  # apply between decode iterations without draining (builtin backend only)
+
+
+@dataclass
+class Completion:
+    """One finished choice as an engine hands it over: completion token ids, their logprobs, the text, why it
+    stopped, and the weight step each token was sampled under (the answer's `token_weight_steps`); with prompt
+    logprobs asked for (the builtin engine's `SamplingParams.prompt_logprobs`), (logprob, rank) of every prompt
+    token after the first."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    weight_steps: list[int]  # one per token, never decreasing
+    prompt_logprobs: list[tuple[float, int]] | None = None

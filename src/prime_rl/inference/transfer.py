@@ -5,11 +5,11 @@ A thread joins the trainer's group at start (rank `weight_transfer.rank`) and re
 Each update is staged by the server's `stage_tensors(tensors, source)`: checked like a weight directory
 (`weight_check.verify_tensors`: names, shapes, dtypes against the served model, finite values, tied tensors
 equal; the builtin `Engine` also casts to the served dtype and refuses values that would overflow), then
-held as the newest staged update; nothing changes the served model there. `POST /update_weights` with a marker directory
-(`weights/step_N/transfer.json`) waits for a staged update of step >= N and applies it under the weight
-gate like any update (builtin: drain, or in flight; vLLM: drain), so the served step is the staged one. An update that fails
-its checks is logged and dropped (the previous one stays staged); the thread ends when the trainer's
-group goes away (the run ended).
+held as the newest staged update; nothing changes the served model there. `POST /update_weights` with a
+marker directory (`weights/step_N/transfer.json`) waits for a staged update of step >= N and applies it
+under the weight gate like any update (builtin: drain, or in flight; vLLM: drain), so the served step is
+the staged one. An update that fails its checks is logged and dropped (the previous one stays staged);
+the thread ends when the trainer's group goes away (the run ended).
 """
 
 from __future__ import annotations

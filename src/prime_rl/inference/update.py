@@ -3,12 +3,14 @@
 A backend gives a `WeightLoader` (how it stages and applies weights, and whether it can swap them while
 requests run); `update_weights(body, loader, weight_roots, gate)` does everything else, in this order:
 
-1. `check_weight_dir`: the directory must lie under an allowed root (else 403) and be a weights
-   directory of step N (else 400);
+1. `open_update_dir`: the directory must lie under an allowed root (else 403) and be a weights
+   directory of step N (else 400); its files are opened here, once, and checked on their descriptors
+   (`weights.py`), and stay open until the update is answered;
 2. `"in_flight": true` on a loader that cannot (vLLM) is a 400;
-3. `loader.stage(path, step)`: read and check the new weights (`weight_check` / `adapter_check`), or take
-   the ones that came over the weight transfer group (a marker directory: the newest of step >= N, whose
-   step is the one served) before any request is held: a bad update never holds traffic (400);
+3. `loader.stage(weights, step)`: read (through those descriptors, never by name) and check the new
+   weights (`weight_check` / `adapter_check`), or take the ones that came over the weight transfer group
+   (a marker directory: the newest of step >= N, whose step is the one served) before any request is
+   held: a bad update never holds traffic (400);
 4. inside `gate.update(step, drain=not in_flight)` (`gate.py`: drain, or swap between decode steps):
    `loader.apply(staged, step)`; a gate that cannot get through in time is a 503, a load that fails leaves
    the old step serving and is a 400 naming the directory;
@@ -21,13 +23,13 @@ its loader, not this flow.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.guard import error_payload
 from prime_rl.inference.protocol import UpdateWeightsRequest
-from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
+from prime_rl.inference.weights import WeightDir, WeightPathForbidden, open_update_dir
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import get_logger
 
@@ -39,9 +41,10 @@ class WeightLoader(Protocol):
 
     in_flight: bool  # it can swap weights between decode steps while requests run
 
-    async def stage(self, path: Path, step: int) -> tuple[int, Any]:
-        """Read and check the update in `path` (or take a transfer marker's weights): (the step to serve, what
-        `apply` needs). UserError / ValueError: the update is refused, nothing changed."""
+    async def stage(self, weights: WeightDir, step: int) -> tuple[int, Any]:
+        """Read and check the update whose files `weights` holds open (or take a transfer marker's weights): (the
+        step to serve, what `apply` needs; the files stay open until `apply` returns). UserError / ValueError: the
+        update is refused, nothing changed."""
 
     async def apply(self, staged: Any, step: int) -> None:
         """Make `staged` the served weights (called inside the gate)."""
@@ -51,24 +54,26 @@ async def update_weights(body: UpdateWeightsRequest, loader: WeightLoader, weigh
                          gate: WeightGate) -> tuple[int, dict]:
     """Serve one update request (module docstring): (HTTP status, JSON payload)."""
     start = time.monotonic()
-    try:
-        path, step = check_weight_dir(body.path, body.step, weight_roots)
-        if body.in_flight and not loader.in_flight:
-            raise UserError("in-flight weight updates need the builtin backend")
-        step, staged = await loader.stage(path, step)
-    except WeightPathForbidden as exc:
-        return 403, error_payload(403, str(exc))
-    except (UserError, ValueError) as exc:
-        return 400, error_payload(400, str(exc))
-    try:
-        async with gate.update(step, drain=not body.in_flight):
-            await loader.apply(staged, step)
-    except GateTimeout as exc:
-        return 503, error_payload(503, str(exc))
-    except UserError as exc:
-        return 400, error_payload(400, str(exc))
-    except Exception as exc:  # a load that fails (a shape the check missed, ...) leaves the old step in place
-        return 400, error_payload(400, f"cannot load weights from {path}: {first_line(exc)}")
+    with ExitStack() as held:  # the update's files, open until it is answered
+        try:
+            weights = held.enter_context(open_update_dir(body.path, body.step, weight_roots))
+            path = weights.path
+            if body.in_flight and not loader.in_flight:
+                raise UserError("in-flight weight updates need the builtin backend")
+            step, staged = await loader.stage(weights, weights.step)
+        except WeightPathForbidden as exc:
+            return 403, error_payload(403, str(exc))
+        except (UserError, ValueError) as exc:
+            return 400, error_payload(400, str(exc))
+        try:
+            async with gate.update(step, drain=not body.in_flight):
+                await loader.apply(staged, step)
+        except GateTimeout as exc:
+            return 503, error_payload(503, str(exc))
+        except UserError as exc:
+            return 400, error_payload(400, str(exc))
+        except Exception as exc:  # a load that fails (a shape the check missed, ...) leaves the old step in place
+            return 400, error_payload(400, f"cannot load weights from {path}: {first_line(exc)}")
     kind = "in flight" if body.in_flight else "drained"
     log.info(f"serving weights step {step} from {path} ({kind} update took {time.monotonic() - start:.2f}s)")
     return 200, {"weight_step": step}

@@ -11,7 +11,11 @@ with: no code, no new architecture. It is refused (UserError, HTTP 400) unless
   tensor (tied embeddings: `lm_head.weight` is `model.embed_tokens.weight`) form a group
   of which at least one must be present, as `save_pretrained` writes only one;
 - every floating value is finite (a NaN would make every later request fail);
-- every file read is a regular file (`weights.regular_file`: a FIFO would block the reader).
+- every file read is a regular file, read through the descriptor it was checked on (`weights.WeightFile`: a
+  FIFO would block the reader; a rename after the check must not redirect the read).
+
+Every reader takes a `weights.WeightDir` (an update's files, opened and checked once) or a path
+(a trusted local directory: the served model's, opened here following its links).
 
 The reference is the served model itself (builtin: its state dict and config) or the
 directory it was loaded from (vLLM, whose parameters are fused and renamed internally).
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from prime_rl.inference.weights import regular_file, safetensors_files
+from prime_rl.inference.weights import CONFIG, WeightDir, WeightFile, opened
 from prime_rl.utils.errors import UserError
 
 ARCH_KEYS = ("model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -70,8 +74,9 @@ class Reference:
     @classmethod
     def from_dir(cls, path: str | Path) -> Reference:
         """A checkpoint directory (the one the server started from): its config.json and tensor headers."""
-        config = read_config(path)
-        specs = read_specs(path)
+        with opened(path) as weights:
+            config = read_config(weights)
+            specs = read_specs(weights)
         tied = []
         present = TIED_PAIR & specs.keys()
         if config.get("tie_word_embeddings") and present:
@@ -81,48 +86,48 @@ class Reference:
         return cls(config, specs, tied)
 
 
-def read_config(path: str | Path) -> dict:
+def read_json_object(file: WeightFile) -> dict:
+    """A JSON object file (config.json, adapter_config.json), read through its descriptor; UserError otherwise."""
     try:
-        config = json.loads(regular_file(Path(path) / "config.json").read_text())
+        value = json.loads(file.read_bytes())
     except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {Path(path) / 'config.json'}: {exc}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{Path(path) / 'config.json'} is not a JSON object")
-    return config
+        raise UserError(f"cannot read {file.path}: {exc}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{file.path} is not a JSON object")
+    return value
 
 
-def read_file_specs(file: Path) -> dict[str, TensorSpec]:
+def read_config(source: WeightDir | str | Path) -> dict:
+    with opened(source) as weights:
+        return read_json_object(weights.file(CONFIG))
+
+
+def read_file_specs(file: WeightFile) -> dict[str, TensorSpec]:
     """Name -> shape and dtype of every tensor in one safetensors file's header (no data read)."""
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            return {name: TensorSpec(tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype())
-                    for name in handle.keys()}  # noqa: SIM118 (safe_open handles are not iterable)
+        return {name: TensorSpec(shape, dtype) for name, (shape, dtype) in file.specs().items()}
     except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise UserError(f"cannot read {file}: {exc}") from None
+        raise UserError(f"cannot read {file.path}: {exc}") from None
 
 
-def read_specs(path: str | Path) -> dict[str, TensorSpec]:
+def read_specs(source: WeightDir | str | Path) -> dict[str, TensorSpec]:
     """Name -> shape and dtype of every tensor in the directory's safetensors headers (no data read)."""
     specs: dict[str, TensorSpec] = {}
-    for file in safetensors_files(path):
-        found = read_file_specs(file)
-        twice = found.keys() & specs.keys()
-        if twice:
-            raise UserError(f"tensor {min(twice)} appears twice in {path}")
-        specs.update(found)
+    with opened(source) as weights:
+        for file in weights.tensor_files:
+            found = read_file_specs(file)
+            twice = found.keys() & specs.keys()
+            if twice:
+                raise UserError(f"tensor {min(twice)} appears twice in {weights.path}")
+            specs.update(found)
     return specs
 
 
-def iter_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(source: WeightDir | str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the directory's `*.safetensors` files, read one at a time."""
-    from safetensors import safe_open
-
-    for file in safetensors_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for name in handle.keys():  # noqa: SIM118
-                yield name, handle.get_tensor(name)
+    with opened(source) as weights:
+        for file in weights.tensor_files:
+            yield from file.tensors()
 
 
 def _listed(names) -> str:
@@ -131,12 +136,12 @@ def _listed(names) -> str:
     return ", ".join(names[:SHOWN]) + more
 
 
-def check_config(path: str | Path, reference: Reference) -> None:
+def check_config(weights: WeightDir, reference: Reference) -> None:
     """Every ARCH_KEYS entry present in both configs must be equal."""
-    config = read_config(path)
+    config = read_config(weights)
     for key in ARCH_KEYS:
         if key in config and key in reference.config and config[key] != reference.config[key]:
-            raise UserError(f"weights in {path} are for another architecture: {key} = {config[key]!r}, "
+            raise UserError(f"weights in {weights.path} are for another architecture: {key} = {config[key]!r}, "
                             f"the served model has {reference.config[key]!r}")
 
 
@@ -170,25 +175,29 @@ def check_finite(path: str | Path, name: str, tensor: torch.Tensor) -> None:
         raise UserError(f"weights in {path}: tensor {name} holds NaN or infinite values")
 
 
-def verify_weight_dir(path: str | Path, reference: Reference | None, keep: bool) -> dict[str, torch.Tensor]:
-    """Run every check on a weight directory; with `keep`, return its tensors (else an empty dict).
+def verify_weight_dir(source: WeightDir | str | Path, reference: Reference | None,
+                      keep: bool) -> dict[str, torch.Tensor]:
+    """Run every check on a weight directory (an update's open `WeightDir`, or a trusted path); with `keep`,
+    return its tensors (else an empty dict).
 
     Without a reference (a vLLM model from a hub cache that cannot be found) only the
     values are checked. Tied names present together must hold equal values.
     """
-    if reference is not None:
-        check_config(path, reference)
-        check_specs(path, read_specs(path), reference)
-    tensors: dict[str, torch.Tensor] = {}
-    try:
-        for name, tensor in iter_tensors(path):
-            check_finite(path, name, tensor)
-            if keep:
-                tensors[name] = tensor
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(f"cannot read the weights in {path}: {exc}") from None
+    with opened(source) as weights:
+        path = weights.path
+        if reference is not None:
+            check_config(weights, reference)
+            check_specs(path, read_specs(weights), reference)
+        tensors: dict[str, torch.Tensor] = {}
+        try:
+            for name, tensor in iter_tensors(weights):
+                check_finite(path, name, tensor)
+                if keep:
+                    tensors[name] = tensor
+        except UserError:
+            raise
+        except Exception as exc:
+            raise UserError(f"cannot read the weights in {path}: {exc}") from None
     if keep:
         check_tied(path, tensors, reference)
     return tensors

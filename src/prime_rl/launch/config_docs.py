@@ -40,8 +40,9 @@ only what it changes (see `examples/reverse_text/rl_sapo.toml`).
 
 Unknown keys (at any depth), wrong types, out-of-range values and unreadable or non-UTF-8 TOML
 files stop the command with one line naming the key and what is allowed, exit code 2. Each TOML
-file's values are checked on their own too, so a wrong value in a file is an error (naming the file)
-even where a later file, a variable or a flag overrides that key; rules that tie several keys
+file's values, and the `PRIME_*` variables', are checked on their own too, so a wrong value in a file
+or a variable is an error (naming the file or the variable) even where a later file, a variable or a
+flag overrides that key; rules that tie several keys
 together are checked on the merged config only. Stricter
 than plain pydantic: `true`/`false` only for on/off keys (`--max-steps true` is an error, not 1),
 a bare `--key` without a value only for on/off keys, and no float key takes `inf` or `nan`.
@@ -88,7 +89,9 @@ def render() -> str:
     parts = [INTRO]
     for config_cls in (RLConfig, TrainerConfig, OrchestratorConfig, InferenceConfig, SFTConfig):
         doc = (config_cls.__doc__ or "").strip().splitlines()[0]
-        parts.append(f"\n## `{config_cls.command}`\n\n{doc}\n\n| key | type | default | description |\n|---|---|---|---|")
+        parts.append(
+            f"\n## `{config_cls.command}`\n\n{doc}\n\n| key | type | default | description |\n|---|---|---|---|"
+        )
         for row in describe_config(config_cls):
             if row.is_section:
                 parts.append(f"| **`[{row.key}]`** | | | {_cell(row.description)} |")

@@ -17,22 +17,20 @@ a run starts, fresh or resumed). The marker is the only proof that the run artif
 
 `plan` only looks; `rl` calls it with every other check before it deletes anything.
 
-The `rl` running in a directory holds an exclusive lock on `<output_dir>/.prime-rl-run.lock` (`lock`), taken
+The `rl` running in a directory holds its run lock exclusively (`utils/run_lock.py`), taken (`prepare_run_dir`)
 before it deletes or writes anything and held until it ends: a second `rl` there (`--overwrite` or a resume
-included) is refused in one line naming the running one. The kernel drops the lock when its process ends,
-however it ends, so the lock file of a dead run never blocks; the file itself is never deleted.
+included), or a trainer or orchestrator started there by hand, is refused in one line naming the running one.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from prime_rl.run_dir import MARKER, NODES, RUN_ARTIFACTS, RUN_LOCK, SLURM, run_lock_file, trained_a_step
+from prime_rl.run_dir import MARKER, NODES, RUN_ARTIFACTS, RUN_LOCK, SLURM, trained_a_step
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.fs import atomic_write_text
 
@@ -69,7 +67,8 @@ def plan(out: Path, overwrite: bool, resuming: bool) -> list[Path]:
         # A marked run that trained no step (it failed to start, or was stopped before its first step): nothing to
         # keep or resume, so it is replaced as --overwrite would.
     elif MARKER not in entries:
-        if not entries - {NODES, SLURM, RUN_LOCK}:  # only what a server node's rl, `rl --slurm.nodes` or the lock put there
+        # only what a server node's rl, `rl --slurm.nodes` or the lock put there
+        if not entries - {NODES, SLURM, RUN_LOCK}:
             return []
         raise ConfigError(
             f"--overwrite deletes only what an rl run wrote, and {out} has no {MARKER} marker of one "
@@ -96,35 +95,6 @@ def delete(paths: list[Path]) -> None:
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
-
-
-class RunLock:
-    """The lock of a run directory (module docstring), held until `release` or the end of the process."""
-
-    def __init__(self, fd: int):
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing the only descriptor of the open file drops the flock
-            self._fd = -1
-
-
-def lock(out: Path, command: str) -> RunLock:
-    """Take `out`'s run lock (`out` exists: `check_writable` made it); a one-line ConfigError naming the process
-    that holds it. The descriptor is not inherited by child processes (Python's default), so only this one holds
-    the lock."""
-    fd = os.open(run_lock_file(out), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "prime-rl process"
-        os.close(fd)
-        raise ConfigError(f"output dir {out} is in use by a running {holder}: let it finish or stop it first "
-                          "(then continue it with --ckpt.resume-step latest)") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{command} (pid {os.getpid()})\n".encode(), 0)
-    return RunLock(fd)
 
 
 def mark(out: Path, command: str) -> None:

@@ -37,6 +37,7 @@ from prime_rl.run_dir import (
     resolve_resume_step,
     weights_root,
 )
+from prime_rl.utils import run_lock
 from prime_rl.utils.checksums import verify_manifest
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.net import listening_socket
@@ -130,14 +131,14 @@ def plan_run(loaded: RLConfig) -> RunPlan:
     return RunPlan(config, recorded, owner, base, doomed, resumed, servers, teacher, devices, key_env)
 
 
-def prepare_run_dir(plan: RunPlan) -> output_dir.RunLock | None:
+def prepare_run_dir(plan: RunPlan) -> run_lock.RunLock | None:
     """The only step that changes the run directory, after every check passed: take the run lock (refused while
     another rl runs there), delete what `--overwrite` deletes, clear what a resume re-creates (`clear_after`),
     mark the directory as a run, write `configs/`. Returns the lock (None for a server node's rl, which does not
     own the directory): hold it while the run goes on."""
     config = plan.config
     output_dir.check_writable(config.output_dir)
-    run_lock = output_dir.lock(config.output_dir, config.command) if plan.owner else None
+    lock = run_lock.take(config.output_dir, config.command) if plan.owner else None
     if plan.owner:
         output_dir.delete(plan.doomed)
         if plan.resumed is not None:
@@ -147,7 +148,7 @@ def prepare_run_dir(plan: RunPlan) -> output_dir.RunLock | None:
         write_toml(config_file(plan.base, name), component.model_dump(mode="json"))
     if plan.owner:
         write_toml(config_file(config.output_dir, "rl"), plan.recorded)
-    return run_lock
+    return lock
 
 
 def server_port(host: str, port: int) -> int:
@@ -202,7 +203,8 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
     count = torch.cuda.device_count()
     deployment = config.deployment
     here = deployment.components  # a split run's node checks only what it starts
-    wanted = [ids for ids, name in ((deployment.inference_gpu_ids, "inference"), (deployment.trainer_gpu_ids, "trainer"))
+    wanted = [ids for ids, name in ((deployment.inference_gpu_ids, "inference"),
+                                    (deployment.trainer_gpu_ids, "trainer"))
               if name in here]
     if count == 0:
         if any(wanted):

@@ -1,9 +1,10 @@
 """`rl`: one command for an RL run.
 
 Resolves the composite config, decides the run (`launch/plan.py`: ports, devices, what a resume or
-`--overwrite` changes), writes the component configs to `outputs/<run>/configs/`, starts the inference server and the trainer (under torchrun
-when `trainer.num_processes > 1`), waits for the server to serve, starts the
-orchestrator, shows progress, and stops everything when the run ends, fails, or is interrupted.
+`--overwrite` changes), writes the component configs to `outputs/<run>/configs/`, starts the
+inference server and the trainer (under torchrun when `trainer.num_processes > 1`), waits for the
+server to serve, starts the orchestrator, shows progress, and stops everything when the run ends,
+fails, or is interrupted.
 With a `[teacher]` that names no `base_url` it also starts the teacher's inference server
 (`configs/teacher.toml`, `logs/teacher.log`) beside the policy's and waits for it too.
 
@@ -42,6 +43,7 @@ from prime_rl.launch.plan import (
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import complete_steps, config_file, log_file, metrics_file, metrics_plot
+from prime_rl.utils import run_lock
 from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
@@ -122,7 +124,8 @@ def component_commands(config: RLConfig, base: Path | None = None) -> dict[str, 
 def child_env(cuda_devices: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     # PRIME_* variables were already applied to the resolved configs; children must not re-apply them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
-    env.update({"CUDA_VISIBLE_DEVICES": cuda_devices, "PYTHONUNBUFFERED": "1", LOG_FILE_BY_PARENT_ENV: "1"})
+    env.update({"CUDA_VISIBLE_DEVICES": cuda_devices, "PYTHONUNBUFFERED": "1", LOG_FILE_BY_PARENT_ENV: "1",
+                run_lock.HELD_BY_PARENT_ENV: f"rl (pid {os.getpid()})"})
     env.update(extra or {})
     return env
 
@@ -245,7 +248,7 @@ def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail,
 
 
 def launch(config: RLConfig) -> None:
-    console = Console(stderr=False)
+    console = Console(stderr=False, soft_wrap=True)  # a line is a line in logs and CI too, never wrapped at 80
     if config.slurm is not None:  # write the job script, run nothing
         script = slurm.write_script(config)
         console.print(f"wrote {script} ({config.slurm.nodes} node(s)); submit it with: sbatch {script}")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
-from prime_rl.configs.shared import CkptConfig, RunConfig, WeightTransferConfig
+from prime_rl.configs.shared import ASYNC_LEVEL_DEFAULT, AsyncLevel, CkptConfig, RunConfig, WeightTransferConfig
 from prime_rl.inference.config import InferenceConfig, resolved_backend
 from prime_rl.orchestrator.config import OrchestratorConfig, TeacherConfig
 from prime_rl.trainer.config import TrainerConfig
@@ -42,8 +42,9 @@ class DeploymentConfig(BaseConfig):
     """The components this rl starts (a split run: one rl per node, each with some; docs/deployment.md#multi-node)."""
 
     trainer_nodes: Annotated[int, Field(ge=1)] = 1
-    """Nodes the trainer spans (torchrun --nnodes, c10d rendezvous at rdzv_endpoint); this rl starts the first, the others
-    run torchrun themselves (the SLURM script does: docs/deployment.md#slurm). Ranks: trainer_nodes * trainer.num_processes."""
+    """Nodes the trainer spans (torchrun --nnodes, c10d rendezvous at rdzv_endpoint); this rl starts the first, the
+    others run torchrun themselves (the SLURM script does: docs/deployment.md#slurm). Ranks: trainer_nodes *
+    trainer.num_processes."""
     rdzv_endpoint: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+:[0-9]+$")] | None = None
     """host:port of the trainer's torchrun rendezvous when trainer_nodes > 1 (the first trainer node)."""
 
@@ -80,7 +81,8 @@ class SlurmConfig(BaseConfig):
     rdzv_port: Annotated[int, Field(ge=1, le=65535)] = 29500
     """Port of the trainer's torchrun rendezvous on the second node."""
     dir: Path | None = None
-    """Where the script (rl.sbatch), the config it runs (rl.toml) and the job's output go; none: <output_dir>/slurm-job."""
+    """Where the script (rl.sbatch), the config it runs (rl.toml) and the job's output go; none:
+    <output_dir>/slurm-job."""
 
     @field_validator("time", mode="before")
     @classmethod
@@ -102,7 +104,8 @@ def _hand_down(shared: BaseModel, sub: BaseModel, names: Iterable[str], where: s
             _hand_down(mine, theirs, type(mine).model_fields, key)
             continue
         if name in sub.model_fields_set and theirs != mine:
-            raise ValueError(f"'{key}' = {theirs!r} contradicts the shared value {mine!r}; set it once, at the top level")
+            raise ValueError(f"'{key}' = {theirs!r} contradicts the shared value {mine!r}; "
+                             "set it once, at the top level")
         object.__setattr__(sub, name, mine)
 
 
@@ -112,7 +115,7 @@ class RLConfig(RunConfig):
     command = "rl"
     help_hidden = SHARED_KEYS
 
-    max_async_level: Annotated[int, Field(ge=0)] = 1
+    max_async_level: AsyncLevel = ASYNC_LEVEL_DEFAULT
     """Rollouts of step n may use weights of step m only if n - m <= this (0: on-policy)."""
     loss: LossConfig = Field(default_factory=DefaultLossConfig)
     """Policy loss (see docs/losses.md); handed to the trainer."""
@@ -130,7 +133,8 @@ class RLConfig(RunConfig):
     slurm: SlurmConfig | None = None
     """Write an sbatch script for this run instead of running it (docs/deployment.md#slurm); none: run here."""
     overwrite: bool = False
-    """Delete a previous rl run's outputs in output_dir first, after every check passed: only run artifacts, only in a directory rl marked (.prime-rl-run); other files stay. Without it an existing run is an error unless resuming."""
+    """Delete a previous rl run's outputs in output_dir first, after every check passed: only run artifacts, only in a
+    directory rl marked (.prime-rl-run); other files stay. Without it an existing run is an error unless resuming."""
 
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     """The inference server."""
@@ -170,6 +174,14 @@ class RLConfig(RunConfig):
             except UserError as exc:
                 raise ValueError(f"{key}.name: {exc}") from None
 
+    def _check_request_budget(self) -> None:
+        """The orchestrator's largest request (n = rollouts_per_example completions of max_tokens) must fit the
+        servers' per-request token budget, or every rollout would be refused at run time."""
+        asked = self.orchestrator.rollouts_per_example * self.orchestrator.sampling.max_tokens
+        if asked > self.inference.max_request_tokens:
+            raise ValueError(f"inference.max_request_tokens ({self.inference.max_request_tokens}) is below one "
+                             f"rollout request's rollouts_per_example x sampling.max_tokens ({asked}): raise it")
+
     def _check_split(self) -> None:
         """A split run (`deployment.components`): each rl must know what the others run. The orchestrator needs the
         remote server's URL, the server a fixed port, both one API key given to every rl (a random one cannot be
@@ -185,7 +197,8 @@ class RLConfig(RunConfig):
             raise ValueError(f"deployment.components = {self.deployment.components}: a split run is one rl with "
                              "['inference'] (a server node) and one with ['orchestrator', 'trainer'] (both write the "
                              "run directory, so they start together)")
-        if "orchestrator" in here and "inference" not in here and "base_url" not in self.orchestrator.client.model_fields_set:
+        if ("orchestrator" in here and "inference" not in here
+                and "base_url" not in self.orchestrator.client.model_fields_set):
             raise ValueError("orchestrator.client.base_url: the inference server runs elsewhere "
                              "(deployment.components), so give its URL, e.g. http://node0:8000/v1")
         if "inference" in here and "orchestrator" not in here and ("port" not in self.inference.model_fields_set
@@ -216,7 +229,8 @@ class RLConfig(RunConfig):
             names = [key for key in SHARED_KEYS if key in type(sub).model_fields]
             _hand_down(self, sub, names, component)
         if "advantage" in self.trainer.model_fields_set and self.trainer.advantage != self.orchestrator.advantage:
-            raise ValueError("trainer.advantage is handed down from orchestrator.advantage: set only [orchestrator.advantage]")
+            raise ValueError("trainer.advantage is handed down from orchestrator.advantage: "
+                             "set only [orchestrator.advantage]")
         self.trainer.advantage = self.orchestrator.advantage  # the trainer computes the token-level types
         for component in COMPONENTS:
             getattr(self, component).check_consistency(f"{component}.")
@@ -232,6 +246,7 @@ class RLConfig(RunConfig):
                              "builtin backend has (inference.backend)")
         self._check_split()
         self._check_models_exist()
+        self._check_request_budget()
         if self.weight_transfer.mode == "distributed":
             if self.deployment.split:
                 raise ValueError("weight_transfer.mode = 'distributed' needs every component in one rl (a split run "

@@ -62,7 +62,8 @@ def render(config: RLConfig, config_path: Path) -> str:
     endpoint = Expand(f"$head:{slurm.rdzv_port}")
     trainer_config = str(config_file(config.output_dir, "trainer").absolute())
     worker = ["uv", "run", "python", "-m", "torch.distributed.run", f"--nnodes={trainer_nodes}",
-              f"--nproc-per-node={config.trainer.num_processes}", "--rdzv-backend=c10d", Expand(f"--rdzv-endpoint={endpoint}"),
+              f"--nproc-per-node={config.trainer.num_processes}", "--rdzv-backend=c10d",
+              Expand(f"--rdzv-endpoint={endpoint}"),
               "--rdzv-id=prime-rl-trainer", "-m", "prime_rl.trainer.rl.train", "@", trainer_config]
     on = ["srun", "--nodes=1", "--ntasks=1"]
     return "\n".join([

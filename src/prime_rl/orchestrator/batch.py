@@ -5,8 +5,8 @@ sampled (a multi-turn completion also holds the environment's tokens between tur
 `completion_mask` false there; no token when the sample is masked), `inference_logprobs`
 are the server's logprobs there, and the sample's scalar advantage is broadcast to its
 trained tokens, unless it has per-token advantages (`token_advantages`, the OPD advantage of
-`orchestrator/teacher.py`). With a teacher every row carries `teacher_logprobs` (the
-teacher's logprob of each trained token); with a token-level advantage type every row carries
+`advantages/teacher.py`). With a teacher every row carries `teacher_logprobs` (the
+teacher's logprob of each trained token); with an advantage type computed in the trainer every row carries
 `rewards` (the sample's reward on its last trained token, 0 elsewhere: the trainer computes the
 advantages). All of them are 0 off the loss mask. With a group type's `kl_in_reward` every row
 carries `sample_groups` and `sample_rewards` per segment (the sample's group within the step and
@@ -38,6 +38,9 @@ PAD_TOKEN_ID = 0
 
 @dataclass
 class Sample:
+    """One rollout as the batch file trains it: its prompt, its completion and the per-token values that go with
+    them (module docstring). Not `trainer.sft.data.SFTExample`, a tokenized SFT conversation."""
+
     prompt_ids: list[int]
     completion_ids: list[int]
     completion_logprobs: list[float]

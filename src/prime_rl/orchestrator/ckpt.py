@@ -65,7 +65,8 @@ def save_state(output_dir: Path, state: OrchestratorState, keep: int | None = No
 
 
 def load_state(output_dir: Path, step: int) -> OrchestratorState:
-    """The state of `checkpoints/step_N/orchestrator/` after verifying its manifest; a one-line `UserError` otherwise."""
+    """The state of `checkpoints/step_N/orchestrator/` after verifying its manifest; a one-line `UserError`
+    otherwise."""
     directory = checkpoint_dir(output_dir, step, ORCHESTRATOR)
     verify_manifest(directory)
     path = directory / STATE_FILE

@@ -5,9 +5,10 @@ Reads the response contract of docs/inference.md (both backends): top-level
 logprobs (`logprobs.content[].logprob` from chat, `logprobs.token_logprobs` from
 completions) and `token_weight_steps` (when absent: all `weight_step`). Requests ask for
 `n` completions of one prompt, a chat prompt (`chat`) or exact token ids (`complete`, for
-multi-turn rollouts), with logprobs and `return_token_ids: true` (vLLM needs both). At most `max_concurrency` requests are in flight; an unreachable server
-is retried until `connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set every request
-carries `Authorization: Bearer <key>`. `score_many` is the teacher's scoring call: the logprobs of
+multi-turn rollouts), with logprobs and `return_token_ids: true` (vLLM needs both). At most
+`max_concurrency` requests are in flight; an unreachable server is retried until
+`connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set
+every request carries `Authorization: Bearer <key>`. `score_many` is the teacher's scoring call: the logprobs of
 given token-id lists (`prompt_logprobs` on `/v1/completions`, read by `parse_batch_prompt_logprobs`).
 """
 
@@ -41,7 +42,7 @@ class InferenceError(PrimeError):
 
 
 @dataclass
-class Completion:
+class RolloutCompletion:
     """One rollout's tokens after the prompt: one chat choice, or a whole multi-turn conversation
     (`orchestrator/conversation.py`), whose environment tokens have `mask` false and logprob 0."""
 
@@ -61,9 +62,9 @@ class Completion:
 class ChatResult:
     prompt_token_ids: list[int]
     weight_step: int  # the step the request was admitted under
-    completions: list[Completion]
+    completions: list[RolloutCompletion]
 
-    def policy_step(self, completion: Completion) -> int:
+    def policy_step(self, completion: RolloutCompletion) -> int:
         """The oldest weight step of a completion's tokens (the admission step for one without tokens)."""
         return min(completion.weight_steps, default=self.weight_step)
 
@@ -97,10 +98,14 @@ def parse_chat_response(data: dict[str, Any], n: int) -> ChatResult:
             steps = [int(s) for s in choice.get("token_weight_steps", [weight_step] * len(token_ids))]
             if len(steps) != len(token_ids):
                 raise ValueError(f"{len(token_ids)} token ids but {len(steps)} token weight steps")
-            completions.append(Completion(token_ids, logprobs, _choice_text(choice), choice["finish_reason"], steps))
+            completions.append(
+                RolloutCompletion(token_ids, logprobs, _choice_text(choice), choice["finish_reason"], steps)
+            )
         result = ChatResult([int(t) for t in data["prompt_token_ids"]], weight_step, completions)
     except (KeyError, TypeError, ValueError) as exc:
-        raise InferenceError(f"malformed chat completion from the inference server ({type(exc).__name__}: {exc})") from None
+        raise InferenceError(
+            f"malformed chat completion from the inference server ({type(exc).__name__}: {exc})"
+        ) from None
     if len(completions) != n:
         raise InferenceError(f"asked the inference server for {n} completions, got {len(completions)}")
     return result

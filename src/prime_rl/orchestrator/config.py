@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.model_info import context_length, vocabulary_mismatch
-from prime_rl.configs.shared import CkptConfig, ModelConfig, RunConfig
+from prime_rl.configs.shared import ASYNC_LEVEL_DEFAULT, AsyncLevel, CkptConfig, ModelConfig, RunConfig
 from prime_rl.configs.validators import ApiKey
 from prime_rl.envs import ENVIRONMENTS, load_env
 from prime_rl.inference.config import BACKENDS, resolved_backend
@@ -37,7 +37,8 @@ class ClientConfig(BaseConfig):
     max_concurrency: Annotated[int, Field(gt=0)] = 64
     """Most requests in flight at once (each asks for rollouts_per_example completions)."""
     api_key: ApiKey | None = Field(default=None, exclude=True)
-    """The inference server's API key, sent as Authorization: Bearer <key>; set it as PRIME_CLIENT__API_KEY (rl hands it down). Never printed or written to configs/."""
+    """The inference server's API key, sent as Authorization: Bearer <key>; set it as PRIME_CLIENT__API_KEY
+    (rl hands it down). Never printed or written to configs/."""
 
 
     @property
@@ -50,7 +51,8 @@ class EnvConfig(BaseConfig):
     """One environment to sample prompts from (`[[orchestrator.env]]`, repeat to mix)."""
 
     id: str = "reverse-text"
-    """Environment id: a built-in (reverse-text, alphabet-sort, arithmetic), 'pkg.module:Class', or a verifiers environment."""
+    """Environment id: a built-in (reverse-text, alphabet-sort, arithmetic), 'pkg.module:Class', or a verifiers
+    environment."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment (e.g. {min_len = 5, max_len = 12})."""
     weight: PositiveFloat = 1.0
@@ -108,7 +110,8 @@ class ReasoningConfig(BaseConfig):
     parser: Literal["think", "none"] = "think"
     """think: split at the tags below; none: the environment scores the whole completion text."""
     start_tag: str = "<think>"
-    """Opens the reasoning (it may be in the generation prompt instead of the completion, as Qwen3's template puts it)."""
+    """Opens the reasoning (it may be in the generation prompt instead of the completion, as Qwen3's template
+    puts it)."""
     end_tag: Annotated[str, Field(min_length=1)] = "</think>"
     """Closes the reasoning; the answer is what follows its last occurrence."""
     opened_by_prompt: bool = False
@@ -121,7 +124,8 @@ class SamplingConfig(BaseConfig):
     """Sampling parameters of training rollouts."""
 
     temperature: Annotated[float, Field(allow_inf_nan=True)] = 1.0  # inf/nan reach the validator, which says why not
-    """Sampling temperature T, finite and >= 1e-3: the trainer scores tokens with log_softmax(logits / T), so T = 0 (greedy) cannot be trained on (use eval.temperature = 0 for greedy evaluation)."""
+    """Sampling temperature T, finite and >= 1e-3: the trainer scores tokens with log_softmax(logits / T), so
+    T = 0 (greedy) cannot be trained on (use eval.temperature = 0 for greedy evaluation)."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling: keep the smallest most-likely set with mass >= top_p (1: off). The trainer scores tokens
     under the same truncation, so the importance ratio stays exact (see docs/losses.md, "Truncated sampling")."""
@@ -166,7 +170,8 @@ class EvalConfig(BaseConfig):
     rollouts: Annotated[int, Field(gt=0)] = 1
     """Completions per example: k of pass@k."""
     temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    """Sampling temperature, finite; 0 is greedy decoding (argmax), allowed here because eval rollouts are never trained on."""
+    """Sampling temperature, finite; 0 is greedy decoding (argmax), allowed here because eval rollouts are never
+    trained on."""
     success_threshold: Annotated[float, Field(ge=0, le=1)] = 1.0
     """A completion counts as solved for pass@k when its reward is at least this."""
 
@@ -215,9 +220,11 @@ class OrchestratorConfig(RunConfig):
     """Orchestrator: samples prompts, collects and scores rollouts, writes training batches."""
 
     command = "orchestrator"
+    run_lock = "shared"
 
-    max_async_level: Annotated[int, Field(ge=0)] = 1
-    """Rollouts of step n may use weights of step m only if n - m <= this (0: on-policy); per token in continuous mode."""
+    max_async_level: AsyncLevel = ASYNC_LEVEL_DEFAULT
+    """Rollouts of step n may use weights of step m only if n - m <= this (0: on-policy); per token in continuous
+    mode."""
     rollout_mode: Literal["step", "continuous"] = "step"
     """step: each step generates its own batch, then waits for weights (reproducible given the weights).
     continuous: requests stay in flight across steps, batches fill with groups as they finish, and weight updates
@@ -279,7 +286,8 @@ class OrchestratorConfig(RunConfig):
     def _check(self) -> OrchestratorConfig:
         if self.batch_size % self.rollouts_per_example:
             raise ValueError(
-                f"batch_size ({self.batch_size}) must be divisible by rollouts_per_example ({self.rollouts_per_example})"
+                f"batch_size ({self.batch_size}) must be divisible by "
+                f"rollouts_per_example ({self.rollouts_per_example})"
             )
         if self.advantage.compares_rollouts and self.rollouts_per_example < 2:
             raise ValueError(
@@ -291,9 +299,10 @@ class OrchestratorConfig(RunConfig):
                              "instead of dynamic_sampling")
         if self.teacher is not None and self.teacher.task_coef == 0 and (self.filter_zero_advantage
                                                                          or self.dynamic_sampling):
-            raise ValueError("teacher.task_coef = 0 (distillation alone) with filter_zero_advantage or dynamic_sampling "
-                             "would drop groups of equal rewards, which still carry the teacher's signal")
-        if self.advantage.token_level:  # the trainer computes these advantages; nothing here may read them
+            raise ValueError("teacher.task_coef = 0 (distillation alone) with filter_zero_advantage or "
+                             "dynamic_sampling would drop groups of equal rewards, which still carry the teacher's "
+                             "signal")
+        if self.advantage.computed_in == "trainer":  # the trainer computes these advantages; nothing here may read them
             clashing = [name for name in ("filter_zero_advantage", "dynamic_sampling", "normalize_advantages")
                         if getattr(self, name)] + (["teacher"] if self.teacher is not None else [])
             if clashing:

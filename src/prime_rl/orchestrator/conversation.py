@@ -19,25 +19,55 @@ For one draw and `n` rollouts:
 
 Every turn's `max_tokens` is the smaller of `sampling.max_tokens` and the room left in
 `seq_len`, so no sample outgrows the trainer's rows. The rollout's ids after the prompt,
-its mask and logprobs are one `Completion`; what the trainer gets is exactly what the
-server sampled, turn after turn.
+its mask and logprobs are one `RolloutCompletion`; what the trainer gets is exactly what the
+server sampled, turn after turn. How each conversation went (turns, tokens, tool calls, the environment's
+time) is its `TurnStats`, which a single-turn rollout has too (one turn).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass, field
 
 from prime_rl.envs.base import EnvReply, Rollout
-from prime_rl.orchestrator.client import ChatResult, Completion, InferenceClient
+from prime_rl.orchestrator.client import ChatResult, InferenceClient, RolloutCompletion
 from prime_rl.orchestrator.config import ReasoningConfig
-from prime_rl.orchestrator.rollouts import Draw, TurnStats, call_env, report_failure
+from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.env_calls import call_env, report_failure
+from prime_rl.orchestrator.reasoning import split_reasoning
 from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.sampling_rule import SamplingRule
 
 TURN_SEED_STRIDE = 1_000_003  # turn t of a rollout seeded s samples with s + t * stride
+
+
+@dataclass
+class TurnStats:
+    """How one rollout's conversation went (all 1/0 for a single-turn rollout, which is a one-turn conversation)."""
+
+    turns: int = 1  # policy turns
+    sampled_tokens: int = 0  # tokens the policy sampled (after the prompt)
+    env_tokens: int = 0  # template and environment tokens between its turns
+    tool_calls: int = 0
+    tool_errors: collections.Counter[str] = field(default_factory=collections.Counter)  # by kind
+    env_calls: int = 0  # `respond` calls
+    env_s: float = 0.0  # seconds spent in them
+    context_truncated: bool = False  # ended because the next turn would not fit seq_len
+    reasoning_chars: int = 0  # characters of reasoning (`orchestrator/reasoning.py`) over its turns
+    unfinished_reasoning: bool = False  # its last turn opened a reasoning block and never closed it
+
+    def add_split(self, text: str, reasoning: ReasoningConfig | None) -> str:
+        """Count `text`'s reasoning (under `reasoning`, None: no parser) and return what the environment sees:
+        the answer, or all of `text` without a parser."""
+        if reasoning is None or reasoning.parser == "none":
+            return text
+        split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag, reasoning.opened_by_prompt)
+        self.reasoning_chars += len(split.reasoning or "")
+        self.unfinished_reasoning = split.unfinished
+        return split.answer
 
 
 def malformed_reply(reply: object) -> str | None:
@@ -67,7 +97,7 @@ class _Conversation:
     finish_reason: str = "stop"
     error: str | None = None
 
-    def add_turn(self, completion: Completion, reasoning: ReasoningConfig | None = None) -> None:
+    def add_turn(self, completion: RolloutCompletion, reasoning: ReasoningConfig | None = None) -> None:
         self.token_ids += completion.token_ids
         self.logprobs += completion.logprobs
         self.mask += [True] * len(completion.token_ids)
@@ -85,9 +115,9 @@ class _Conversation:
         self.messages += messages
         self.stats.env_tokens += len(ids)
 
-    def completion(self) -> Completion:
+    def completion(self) -> RolloutCompletion:
         text = self.messages[-1]["content"] if self.messages else ""
-        return Completion(self.token_ids, self.logprobs, text, self.finish_reason, self.weight_steps, self.mask)
+        return RolloutCompletion(self.token_ids, self.logprobs, text, self.finish_reason, self.weight_steps, self.mask)
 
 
 class ConversationRunner:
@@ -111,7 +141,7 @@ class ConversationRunner:
                             f"answer in seq_len {self.seq_len}")
         first = await client.complete(prompt_ids, n, rule, min(max_tokens, room), seed)
 
-        async def rollout(index: int, completion: Completion) -> tuple[_Conversation, Rollout]:
+        async def rollout(index: int, completion: RolloutCompletion) -> tuple[_Conversation, Rollout]:
             turn_seed = None if seed is None else seed + index
             return await self._continue(client, draw, prompt_ids, completion, rule, max_tokens, turn_seed)
 
@@ -119,7 +149,7 @@ class ConversationRunner:
         result = ChatResult(prompt_ids, first.weight_step, [conv.completion() for conv, _ in done])
         return result, [r for _, r in done], [conv.stats for conv, _ in done], [conv.error for conv, _ in done]
 
-    async def _continue(self, client: InferenceClient, draw: Draw, prompt_ids: list[int], completion: Completion,
+    async def _continue(self, client: InferenceClient, draw: Draw, prompt_ids: list[int], completion: RolloutCompletion,
                         rule: SamplingRule, max_tokens: int, seed: int | None
                         ) -> tuple[_Conversation, Rollout]:
         env, example = draw.environment, draw.example

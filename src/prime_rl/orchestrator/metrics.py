@@ -7,8 +7,12 @@ from collections import defaultdict
 import torch
 
 from prime_rl.envs.base import TOOL_ERROR_KINDS
-from prime_rl.orchestrator.advantage import pass_at_k
 from prime_rl.orchestrator.rollouts import Group
+
+
+def pass_at_k(solved: torch.Tensor) -> float:
+    """Fraction of examples (rows of the bool [examples, k] tensor) with at least one solved rollout."""
+    return float(solved.any(dim=1).float().mean()) if solved.numel() else 0.0
 
 
 def _stats(prefix: str, values: list[float], names: tuple[str, ...] = ("mean", "std", "min", "max")) -> dict:
@@ -86,7 +90,8 @@ def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
 
 
 def eval_metrics(groups: list[Group], threshold: float) -> dict[str, float]:
-    """eval/<env>/reward (mean over all rollouts) and eval/<env>/pass@k (k = eval.rollouts, named literally 'pass@k')."""
+    """eval/<env>/reward (mean over all rollouts) and eval/<env>/pass@k (k = eval.rollouts, named literally
+    'pass@k')."""
     metrics = {}
     for env in dict.fromkeys(g.env for g in groups):
         rows = [g.rewards for g in groups if g.env == env]

@@ -4,16 +4,20 @@
     python -m prime_rl.orchestrator.orchestrator @ orchestrator.toml
 
 For n in start .. max_steps - 1:
-  1. make the server serve weights m >= n - max_async_level (wait for the trainer's
-     `weights/step_m/`, POST /update_weights); step 0's weights are the initial model;
+  1. the step's `RolloutCollector` (`collector.py`, chosen by `rollout_mode`) prepares it: the server must
+     serve weights m >= n - max_async_level (wait for the trainer's `weights/step_m/`, POST
+     /update_weights; step 0's weights are the initial model); in continuous mode only before an evaluation,
+     since its requests load weights in flight as they go;
   2. every `eval.interval` steps, evaluate on a fixed example set;
-  3. draw batch_size / rollouts_per_example examples, get rollouts_per_example
-     completions each, score them, compute advantages, drop zero-advantage groups if
-     asked (dynamic sampling draws more, up to a cap); with a teacher, score every trained sample on the
-     teacher's server and turn its advantage into the per-token OPD advantage (`teacher.py`);
+  3. the collector's groups: batch_size / rollouts_per_example examples with rollouts_per_example scored
+     completions each (step mode: drawn and generated now, `step_collector.py`; continuous: the groups that
+     finish, `continuous_collector.py`), zero-advantage groups dropped if asked (dynamic sampling draws more,
+     up to a cap); then the advantages (those of a type computed here, `group_advantages.py`; 0 and the
+     rewards for one the trainer computes); with a teacher, score every trained sample on the teacher's
+     server and turn its advantage into the per-token OPD advantage (`teacher.py`);
   4. pack and write `rollouts/step_n/` (atomically), log metrics, checkpoint.
 Writing step n and moving on to n + 1 is what overlaps generation with the trainer's step n. Steps 1-2
-and the generation of 3 are `generate`; the rest (advantages, the teacher's scoring, packing, writing) is
+and the collection of 3 are `generate`; the rest (advantages, the teacher's scoring, packing, writing) is
 `finish`, which `run_steps` runs while step n + 1 generates: the teacher's scoring of step n then costs
 no generation time. Steps finish in order, and a failure of either side ends the run.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -30,7 +35,6 @@ import torch
 from prime_rl.configs.cli import run_main
 from prime_rl.envs import load_env
 from prime_rl.monitor import Monitor
-from prime_rl.orchestrator.advantage import compute_advantages, zero_groups
 from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.ckpt import (
     OrchestratorState,
@@ -40,19 +44,16 @@ from prime_rl.orchestrator.ckpt import (
     save_state,
 )
 from prime_rl.orchestrator.client import InferenceClient
+from prime_rl.orchestrator.collector import Collaborators, RolloutCollector
 from prime_rl.orchestrator.config import OrchestratorConfig
-from prime_rl.orchestrator.continuous import ContinuousRollouts
+from prime_rl.orchestrator.continuous_collector import ContinuousCollector
 from prime_rl.orchestrator.conversation import ConversationRunner
+from prime_rl.orchestrator.draws import Draw, ExampleSource
+from prime_rl.orchestrator.group_advantages import GroupAdvantages
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
-from prime_rl.orchestrator.rollouts import (
-    Draw,
-    ExampleSource,
-    Group,
-    RolloutSettings,
-    generate_groups,
-    request_seed,
-)
+from prime_rl.orchestrator.rollouts import Group, GroupGenerator, RolloutSettings, request_seed
 from prime_rl.orchestrator.servers import ServerPool
+from prime_rl.orchestrator.step_collector import StepCollector
 from prime_rl.orchestrator.teacher import Teacher
 from prime_rl.orchestrator.weight_sync import WeightSync
 from prime_rl.run_dir import resolve_resume_step, rollouts_root
@@ -65,14 +66,10 @@ from prime_rl.utils.vocabulary import local_tokenizer_vocab, tokenizer_vocab
 
 EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
 CONSOLE_KEYS = ("reward/mean", "advantage/std", "rollout/filtered_frac", "async/policy_lag_mean", "perf/step_time_s")
+COLLECTORS: dict[str, Callable[[Collaborators, OrchestratorConfig], RolloutCollector]] = {
+    "step": StepCollector, "continuous": ContinuousCollector}  # by rollout_mode
 
 log = get_logger("orchestrator")
-
-
-def rewards_tensor(groups: list[Group], n: int) -> torch.Tensor:
-    """Rewards as float64 [groups, n] (n = completions per group; also for no groups): equal groups are
-    detected exactly on these values, so they must not be rounded to float32 first."""
-    return torch.tensor([g.rewards for g in groups], dtype=torch.float64).reshape(len(groups), n)
 
 
 @dataclass
@@ -88,7 +85,40 @@ class Generated:
     state: OrchestratorState  # the checkpoint of a run resuming after this step
 
 
+def conversation_runner(config: OrchestratorConfig, source: ExampleSource) -> ConversationRunner | None:
+    """The token-in, token-out runner, with the served model's tokenizer, when an environment is multi-turn."""
+    if not any(env.multi_turn for env in source.envs.values()):
+        return None
+    model = config.model
+    chat_tokens = ChatTokens.load(model.path, model.trust_remote_code, config.chat_template_kwargs)
+    return ConversationRunner(chat_tokens, config.seq_len, config.reasoning)
+
+
+def sampled_vocab(config: OrchestratorConfig, conversations: ConversationRunner | None) -> int | None:
+    """The tokenizer's id count (`utils.vocabulary`): from the multi-turn runner's tokenizer when there is one
+    (loaded once), else read from the model's files."""
+    if conversations is not None:
+        return tokenizer_vocab(conversations.chat_tokens.tokenizer)
+    return local_tokenizer_vocab(config.model.path, config.model.trust_remote_code)
+
+
+def eval_draws(config: OrchestratorConfig) -> list[Draw]:
+    """The fixed evaluation set: the first `eval.num_examples` eval examples of every environment."""
+    draws = []
+    for i, env_config in enumerate(config.env):
+        env = load_env(env_config.id, **env_config.args)
+        examples = env.eval_examples(seed=config.seed + EVAL_SEED_OFFSET + i)
+        draws += [Draw(env_config.metric_name, env, next(examples), env_config)
+                  for _ in range(config.eval.num_examples)]
+    return draws
+
+
 class Orchestrator:
+    """One run's loop: composes the collaborators (the example draws, the weight sync, the group generator, the
+    advantages, the `RolloutCollector` of `rollout_mode`), evaluates, and turns each step's collected groups into
+    its batch file and metrics (`finish`). The collector gets the collaborators it needs; nothing reaches back in
+    here."""
+
     def __init__(self, config: OrchestratorConfig, client: InferenceClient | ServerPool, state: OrchestratorState,
                  teacher: Teacher | None = None):
         self.config = config
@@ -96,85 +126,27 @@ class Orchestrator:
         self.teacher = teacher
         rng = rng_from_json(state.rng_state) if state.rng_state is not None else None
         self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
-        continuous = config.rollout_mode == "continuous"
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
-                               trusted_upto=state.step, in_flight=continuous)
-        self.continuous = ContinuousRollouts(self) if continuous else None
-        self.conversations = self._conversations()
+                               trusted_upto=state.step, in_flight=config.rollout_mode == "continuous")
+        conversations = conversation_runner(config, self.source)
         # Sampled ids past the tokenizer's fail their rollout (`rollouts.cut_unsampleable`).
-        self.settings = RolloutSettings(
-            config.sampling.max_tokens, config.truncated_reward,
-            self._sampled_vocab(),
-            config.chat_template_kwargs, config.reasoning)
-        self.eval_draws = self._eval_draws() if config.eval.interval else []
-        self.generation_s = 0.0
-        self.generated_tokens = 0
-
-    def _sampled_vocab(self) -> int | None:
-        """The tokenizer's id count (`utils.vocabulary`): from the multi-turn runner's tokenizer when there is one
-        (loaded once), else read from the model's files."""
-        if self.conversations is not None:
-            return tokenizer_vocab(self.conversations.chat_tokens.tokenizer)
-        return local_tokenizer_vocab(self.config.model.path, self.config.model.trust_remote_code)
-
-    def _conversations(self) -> ConversationRunner | None:
-        """The token-in, token-out runner, with the served model's tokenizer, when an environment is multi-turn."""
-        if not any(env.multi_turn for env in self.source.envs.values()):
-            return None
-        model = self.config.model
-        chat_tokens = ChatTokens.load(model.path, model.trust_remote_code, self.config.chat_template_kwargs)
-        return ConversationRunner(chat_tokens, self.config.seq_len, self.config.reasoning)
-
-    def _eval_draws(self) -> list[Draw]:
-        draws = []
-        for i, env_config in enumerate(self.config.env):
-            env = load_env(env_config.id, **env_config.args)
-            examples = env.eval_examples(seed=self.config.seed + EVAL_SEED_OFFSET + i)
-            draws += [Draw(env_config.metric_name, env, next(examples), env_config)
-                      for _ in range(self.config.eval.num_examples)]
-        return draws
-
-    async def _generate(self, draws: list[Draw], step: int, first_index: int) -> list[Group]:
-        s = self.config.sampling
-        seeds = [request_seed(self.config.seed, step, first_index + i) for i in range(len(draws))]
-        start = time.monotonic()
-        groups = await generate_groups(self.client, draws, self.config.rollouts_per_example, s.rule, self.settings,
-                                       seeds, self.conversations)
-        self.generation_s += time.monotonic() - start
-        self.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.result.completions)
-        return groups
+        settings = RolloutSettings(config.sampling.max_tokens, config.truncated_reward,
+                                   sampled_vocab(config, conversations), config.chat_template_kwargs, config.reasoning)
+        generator = GroupGenerator(client, config.rollouts_per_example, config.sampling.rule, settings, conversations)
+        self.advantages = GroupAdvantages(config.advantage, config.rollouts_per_example)
+        parts = Collaborators(generator, self.source, self.sync, self.advantages)
+        self.collector: RolloutCollector = COLLECTORS[config.rollout_mode](parts, config)
+        e = config.eval
+        self.eval_generator = replace(generator, n=e.rollouts, rule=SamplingRule(e.temperature),
+                                 settings=replace(settings, truncated_reward=None))
+        self.eval_draws = eval_draws(config) if e.interval else []
 
     async def evaluate(self, step: int) -> dict[str, float]:
-        e = self.config.eval
         seeds = [request_seed(self.config.seed + EVAL_SEED_OFFSET, 0, i) for i in range(len(self.eval_draws))]
-        groups = await generate_groups(self.client, self.eval_draws, e.rollouts, SamplingRule(e.temperature),
-                                       replace(self.settings, truncated_reward=None), seeds, self.conversations)
-        metrics = eval_metrics(groups, e.success_threshold)
+        groups = await self.eval_generator.generate(self.eval_draws, seeds)
+        metrics = eval_metrics(groups, self.config.eval.success_threshold)
         log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         return metrics
-
-    def rewards(self, groups: list[Group]) -> torch.Tensor:
-        return rewards_tensor(groups, self.config.rollouts_per_example)
-
-    async def collect(self, step: int) -> tuple[list[Group], list[Group]]:
-        """(all generated groups, the groups that train), with dynamic sampling's extra rounds."""
-        c = self.config
-        needed = c.batch_size // c.rollouts_per_example
-        groups = await self._generate(self.source.draw(needed), step, 0)
-        filtering = c.filter_zero_advantage or c.dynamic_sampling
-        rounds = 0
-        while True:
-            informative = ~zero_groups(compute_advantages(c.advantage, rewards_tensor(groups, c.rollouts_per_example)))
-            kept = [g for g, keep in zip(groups, informative.tolist(), strict=True) if keep or not filtering]
-            missing = needed - len(kept)
-            if not c.dynamic_sampling or missing <= 0 or rounds >= c.dynamic_sampling_max_rounds:
-                break
-            rounds += 1
-            groups += await self._generate(self.source.draw(missing), step, len(groups))
-        if rounds and missing > 0:
-            log.warning(f"step {step}: dynamic sampling stopped after {rounds} extra rounds with {len(kept)}/{needed} "
-                        "informative groups")
-        return groups, kept[:needed]
 
     def samples(self, groups: list[Group], advantages: torch.Tensor) -> list[Sample]:
         samples = []
@@ -195,45 +167,33 @@ class Orchestrator:
         return await self.finish(await self.generate(step))
 
     async def generate(self, step: int) -> Generated:
-        """Steps 1-3 of the module docstring up to the rollouts: weights, eval, generation (dynamic sampling's
-        rounds included)."""
+        """Steps 1-3 of the module docstring up to the rollouts: weights, eval, the collector's groups."""
         c = self.config
         start = time.monotonic()
-        self.generation_s, self.generated_tokens = 0.0, 0
         evaluating = bool(c.eval.interval) and step % c.eval.interval == 0
-        # Step mode generates after this; continuous mode loads weights while it collects, but evaluation
-        # rollouts keep the lag bound too.
-        waited = await self.sync.ensure(step) if not self.continuous or evaluating else 0.0
+        await self.collector.prepare(step, evaluating)
         metrics = await self.evaluate(step) if evaluating else {}
-        if self.continuous:
-            groups, kept, continuous_metrics = await self.continuous.collect(step)
-            continuous_metrics["perf/wait_for_weights_s"] += waited
-            metrics |= continuous_metrics
-        else:
-            metrics["perf/wait_for_weights_s"] = waited
-            groups, kept = await self.collect(step)
-        cycle = time.monotonic() - start  # until the next step can start generating
-        metrics["perf/inference_tokens_per_s"] = self.generated_tokens / max(self.generation_s, 1e-9)
-        if not self.continuous:  # in step mode requests are in flight only while a batch is generated
-            metrics["async/inference_idle_frac"] = max(0.0, 1 - self.generation_s / max(cycle, 1e-9))
+        collected = await self.collector.collect(step)
+        metrics |= collected.metrics
         if isinstance(self.client, ServerPool) and len(self.client.clients) > 1:  # before the next step's requests
             metrics |= self.client.step_metrics()
         state = OrchestratorState(step + 1, dict(self.source.cursors), rng_to_json(self.source.rng))
-        return Generated(step, start, groups, kept, metrics, state)
+        return Generated(step, start, collected.groups, collected.kept, metrics, state)
 
     async def finish(self, generated: Generated) -> dict[str, float]:
         """Steps 3-4 of the module docstring after generation: advantages, the teacher's scoring, the batch
         written; returns the step's metrics."""
         c = self.config
         step, groups, kept, metrics = generated.step, generated.groups, generated.kept, dict(generated.metrics)
-        advantages = compute_advantages(c.advantage, rewards_tensor(kept, c.rollouts_per_example), c.normalize_advantages)
+        advantages = self.advantages.of(kept, c.normalize_advantages)
         if not kept:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
         samples = self.samples(kept, advantages)
-        if self.teacher is not None:  # teacher logprobs and the OPD advantage (orchestrator/teacher.py)
+        if self.teacher is not None:  # teacher logprobs and the OPD advantage (advantages/teacher.py)
             metrics |= await self.teacher.apply(samples, c.teacher_temperature)
-        optional = (("teacher_logprobs",) if self.teacher is not None else ()) + (
-            ("rewards",) if c.advantage.token_level else ()) + (("sample_groups",) if c.advantage.group_kl else ())
+        optional = ((("teacher_logprobs",) if self.teacher is not None else ())
+                    + (("rewards",) if c.advantage.computed_in == "trainer" else ())
+                    + (("sample_groups",) if c.advantage.group_kl else ()))
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
                              c.share_prompts, optional, c.advantage.type)
         write_step(c.output_dir, step, batches)
@@ -308,8 +268,7 @@ async def run(config: OrchestratorConfig) -> None:
             try:
                 await run_steps(orch, monitor, state.step)
             finally:
-                if orch.continuous:
-                    await orch.continuous.close()
+                await orch.collector.stop()
     finally:
         monitor.close()
     log.info(f"done: wrote rollouts for steps {state.step}..{config.max_steps - 1}")

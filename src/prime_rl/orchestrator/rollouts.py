@@ -1,73 +1,38 @@
-"""Drawing prompts from the configured environments and turning them into scored groups.
+"""Turning draws into scored groups.
 
 A *group* is one example with its `n` rollouts, each scored by the example's environment
 (`score_rollout`, or `score_group` for all `n` at once). A single-turn rollout is one chat
 completion; a multi-turn one is a conversation run token-in, token-out
-(`orchestrator/conversation.py`). An environment call (`respond`, `score_rollout`,
-`score_group`) that raises or outlasts its timeout fails the rollout (a whole group, for
-`score_group`): it scores 0 with a warning line naming the example (the first WARN_FIRST
-per environment, then the 10th, 100th, ...), or, with `on_error = "fail"`, ends the run with
-that line: an environment's bug never crashes the orchestrator with a traceback.
-`ExampleSource` draws examples: each draw picks an
-environment with probability weight / sum(weights) (one seeded RNG) and takes that
-environment's next example; how many each environment has yielded (its cursor) and the
-RNG state are what a checkpoint stores.
+(`orchestrator/conversation.py`). The draws come from `orchestrator/draws.py`; an environment
+call that raises or outlasts its timeout fails the rollout (a whole group, for `score_group`)
+as `orchestrator/env_calls.py` says. `GroupGenerator` is the one way a draw becomes a group: it
+holds what every request of a run shares (the client, `n`, the sampling rule, the
+`RolloutSettings`, the multi-turn runner); the rollout collectors (`orchestrator/collector.py`)
+and the evaluation use it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
-import json
 import math
-import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from prime_rl.envs import Environment, Example, Reward, load_env
+from prime_rl.envs import Example, Reward
 from prime_rl.envs.base import Rollout
 from prime_rl.orchestrator.client import ChatResult, InferenceClient
-from prime_rl.orchestrator.config import EnvConfig, ReasoningConfig
-from prime_rl.orchestrator.reasoning import split_reasoning
+from prime_rl.orchestrator.config import ReasoningConfig
+from prime_rl.orchestrator.conversation import ConversationRunner, TurnStats
+from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.env_calls import call_env, report_failure, worth_logging
+from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 from prime_rl.utils.sampling_rule import SamplingRule
 
-if TYPE_CHECKING:
-    from prime_rl.orchestrator.conversation import ConversationRunner
-
 log = get_logger("orchestrator")
-WARN_FIRST = 5  # failed scorings logged one line each per environment; after that only the 10th, 100th, ...
-_failures: collections.Counter[str] = collections.Counter()
 _unsampleable: collections.Counter[str] = collections.Counter()  # rollouts cut by `cut_unsampleable`
-
-
-@dataclass
-class TurnStats:
-    """How one rollout's conversation went (all 1/0 for a single-turn rollout)."""
-
-    turns: int = 1  # policy turns
-    sampled_tokens: int = 0  # tokens the policy sampled (after the prompt)
-    env_tokens: int = 0  # template and environment tokens between its turns
-    tool_calls: int = 0
-    tool_errors: collections.Counter[str] = field(default_factory=collections.Counter)  # by kind
-    env_calls: int = 0  # `respond` calls
-    env_s: float = 0.0  # seconds spent in them
-    context_truncated: bool = False  # ended because the next turn would not fit seq_len
-    reasoning_chars: int = 0  # characters of reasoning (`orchestrator/reasoning.py`) over its turns
-    unfinished_reasoning: bool = False  # its last turn opened a reasoning block and never closed it
-
-    def add_split(self, text: str, reasoning: ReasoningConfig | None) -> str:
-        """Count `text`'s reasoning (under `reasoning`, None: no parser) and return what the environment sees:
-        the answer, or all of `text` without a parser."""
-        if reasoning is None or reasoning.parser == "none":
-            return text
-        split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag, reasoning.opened_by_prompt)
-        self.reasoning_chars += len(split.reasoning or "")
-        self.unfinished_reasoning = split.unfinished
-        return split.answer
 
 
 @dataclass(frozen=True)
@@ -92,76 +57,9 @@ class Group:
     stats: list[TurnStats] = field(default_factory=list)  # per rollout
 
 
-@dataclass
-class Draw:
-    env: str
-    environment: Environment
-    example: Example
-    config: EnvConfig = field(default_factory=EnvConfig)  # score_timeout_s, on_error
-
-
-class EnvironmentFailed(UserError):
-    """An environment call raised or timed out, and its environment's on_error is "fail"."""
-
-
-class ExampleSource:
-    """Weighted, seeded, resumable draws of examples from several environments."""
-
-    def __init__(self, configs: list[EnvConfig], seed: int, cursors: dict[str, int] | None = None,
-                 rng: random.Random | None = None):
-        self.names = [c.metric_name for c in configs]
-        self.configs = {c.metric_name: c for c in configs}
-        self.weights = [c.weight for c in configs]
-        self.envs = {c.metric_name: load_env(c.id, **c.args) for c in configs}
-        self.cursors = {name: 0 for name in self.names}
-        self.iterators: dict[str, Iterator[Example]] = {}
-        for i, name in enumerate(self.names):
-            # Each environment has its own example stream; a resumed run skips what was drawn.
-            skip = (cursors or {}).get(name, 0)
-            self.iterators[name] = itertools.islice(self.envs[name].examples(seed=seed + i), skip, None)
-            self.cursors[name] = skip
-        self.rng = rng or random.Random(seed)
-
-    def draw(self, count: int) -> list[Draw]:
-        draws = []
-        for _ in range(count):
-            name = self.rng.choices(self.names, weights=self.weights)[0] if len(self.names) > 1 else self.names[0]
-            self.cursors[name] += 1
-            draws.append(Draw(name, self.envs[name], next(self.iterators[name]), self.configs[name]))
-        return draws
-
-
 def request_seed(seed: int, step: int, index: int) -> int:
     """A per-request sampling seed, so a (resumed) run's rollouts repeat given the same weights."""
     return ((seed * 1_000_003 + step) * 100_003 + index * 1_009) % (2**31 - 1)
-
-
-def report_failure(draw: Draw, why: str) -> str:
-    """Log an environment failure of `draw` sparsely and return `why`; with on_error = "fail", raise it."""
-    prompt = json.dumps(draw.example.prompt[-1]["content"] if draw.example.prompt else "")[:200]
-    message = f"environment '{draw.env}': {why} (example prompt {prompt}, answer {json.dumps(draw.example.answer)[:100]})"
-    if draw.config.on_error == "fail":
-        raise EnvironmentFailed(message)
-    _failures[draw.env] += 1
-    count = _failures[draw.env]
-    if count <= WARN_FIRST or math.log10(count).is_integer():  # the first few, then the 10th, 100th, ...
-        log.warning(f"{message}: the rollout scores 0 (failure {count} of this environment; rollout/env_error_frac)")
-    return why
-
-
-async def call_env(draw: Draw, what: str, call: Any, timeout_key: str) -> tuple[Any, str | None]:
-    """(await call, None), or (None, why) when it raised or took longer than the environment config's
-    `timeout_key` seconds (reported with `report_failure`)."""
-    timeout = getattr(draw.config, timeout_key)
-    try:
-        return await asyncio.wait_for(call, timeout), None
-    except TimeoutError:
-        why = f"{what} took longer than {timeout_key} = {timeout:g}s"
-    except EnvironmentFailed:
-        raise
-    except Exception as exc:  # an environment's bug must not end the run unless asked to
-        why = f"{what} raised {type(exc).__name__}: {str(exc)[:300]}"
-    return None, report_failure(draw, why)
 
 
 def not_rewards(values: object) -> str | None:
@@ -242,31 +140,40 @@ def cut_unsampleable(draw: Draw, result: ChatResult, vocab: int | None, failed: 
         c.mask = None if c.mask is None else c.mask[:bad]
         _unsampleable[draw.env] += 1
         count = _unsampleable[draw.env]
-        if count <= WARN_FIRST or math.log10(count).is_integer():
+        if worth_logging(count):
             log.warning(f"environment '{draw.env}': {why}: the rollout is cut there and scores 0 (rollout {count} "
                         "of this environment; rollout/env_error_frac)")
         failed[i] = failed[i] or why
     return failed
 
 
-async def generate_groups(client: InferenceClient, draws: list[Draw], n: int, rule: SamplingRule,
-                          settings: RolloutSettings, seeds: list[int | None],
-                          conversations: ConversationRunner | None = None) -> list[Group]:
-    """Ask for `n` rollouts of every draw (bounded by the client's concurrency) and score them. A multi-turn
-    environment's draws run through `conversations` (token in, token out); the others are one chat request.
-    A completion holding an id past `settings.vocab` is cut there and fails alone (`cut_unsampleable`)."""
+@dataclass(frozen=True)
+class GroupGenerator:
+    """Draws to scored groups against the inference server(s): `n` rollouts of each draw under `rule` and
+    `settings`, a multi-turn environment's through `conversations` (token in, token out; None: no environment
+    of the run is multi-turn), the others as one chat request each (at most the client's `max_concurrency` in
+    flight). A completion holding an id past `settings.vocab` is cut there and fails alone (`cut_unsampleable`)."""
 
-    async def one(draw: Draw, seed: int | None) -> Group:
+    client: InferenceClient | ServerPool
+    n: int
+    rule: SamplingRule
+    settings: RolloutSettings
+    conversations: ConversationRunner | None = None
+
+    async def generate(self, draws: list[Draw], seeds: list[int | None]) -> list[Group]:
+        """One scored group per draw, in the draws' order; `seeds[i]` seeds draw i's request."""
+        return list(await asyncio.gather(*(self._group(d, s) for d, s in zip(draws, seeds, strict=True))))
+
+    async def _group(self, draw: Draw, seed: int | None) -> Group:
+        settings = self.settings
         if draw.environment.multi_turn:
-            if conversations is None:
+            if self.conversations is None:
                 raise UserError(f"environment '{draw.env}' is multi-turn, but no conversation runner was set up")
-            result, rollouts, stats, failed = await conversations.run_group(
-                client, draw, n, rule, settings.max_tokens, seed)
+            result, rollouts, stats, failed = await self.conversations.run_group(
+                self.client, draw, self.n, self.rule, settings.max_tokens, seed)
             failed = cut_unsampleable(draw, result, settings.vocab, failed)
             return await score_group(draw, result, settings.truncated_reward, rollouts, stats, failed)
-        result = await client.chat(draw.example.prompt, n, rule, settings.max_tokens, seed,
-                                   template_kwargs=settings.template_kwargs)
+        result = await self.client.chat(draw.example.prompt, self.n, self.rule, settings.max_tokens, seed,
+                                        template_kwargs=settings.template_kwargs)
         failed = cut_unsampleable(draw, result, settings.vocab, [None] * len(result.completions))
         return await score_group(draw, result, settings.truncated_reward, failed=failed, reasoning=settings.reasoning)
-
-    return list(await asyncio.gather(*(one(d, s) for d, s in zip(draws, seeds, strict=True))))

@@ -1,4 +1,4 @@
-"""On-policy distillation (OPD): the teacher's logprobs of every trained sample, and the OPD advantage.
+"""On-policy distillation (OPD): the teacher's logprobs of every trained sample, and its OPD advantage.
 
 The teacher is a second model behind an inference server (`[teacher]`, `TeacherConfig`). For
 every sample that trains, the orchestrator sends the sample's token ids (prompt + completion,
@@ -13,23 +13,8 @@ A T below the sampling temperature distils towards a sharper teacher than the on
 sample at the student's temperature.
 
 Of these the sample keeps its trained tokens, the ones the policy sampled: a multi-turn
-sample's environment tokens get no teacher term (0 in the batch, as off the loss mask).
-
-The OPD advantage (slime's on-policy distillation; the reverse-KL reward of Thinking Machines'
-on-policy distillation), per trained token t of a sample with task advantage A:
-
-    A_t = task_coef * A + opd_coef * (lt_t - lq_t - b)
-
-b = 0, or with `opd_center` the mean of lt - lq over the step's trained tokens (a constant baseline,
-as Tinker's distillation subtracts: it does not change the expected gradient, since
-E[grad log pi] = 0, but removes the push-down every sampled token gets from a negative mean).
-lq_t is the sampler's logprob of x_t, so lq_t - lt_t is the one-sample (k1) estimate of the
-reverse KL, KL(pi_sampler || pi_teacher), at that state: the OPD term is `-opd_coef * reverse KL`,
-a dense per-token reward that pushes the student towards the teacher's modes on the states the
-student visits itself. lq, not the trainer's lp: a token's reward is fixed when it is sampled
-(slime uses the "old" student logprobs too), and every loss's importance ratio corrects for the
-policy having moved since; on-policy they are equal. Computed here, once per sample, so every loss
-variant trains on it unchanged (`loss.teacher_tau` is the trainer-side alternative, on the current lp).
+sample's environment tokens get no teacher term (0 in the batch, as off the loss mask). They become
+the sample's `teacher_logprobs` and its per-token OPD advantage (the math: `prime_rl.advantages.teacher`).
 
 Edges: a sample that does not fit the teacher's context (with the one token a scoring request
 generates) cannot be scored; it trains no token (a warning, `rollout/teacher_skipped_frac`). A
@@ -42,19 +27,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+from prime_rl.advantages.teacher import opd_advantages, teacher_gap_mean
 from prime_rl.orchestrator.batch import Sample
 from prime_rl.orchestrator.client import InferenceClient, InferenceError
 from prime_rl.orchestrator.config import ClientConfig, TeacherConfig
 from prime_rl.utils.logging import get_logger
 
 log = get_logger("orchestrator")
-
-
-def opd_advantages(advantage: float, inference_logprobs: list[float], teacher_logprobs: list[float],
-                   trained: list[bool], opd_coef: float, task_coef: float, baseline: float = 0.0) -> list[float]:
-    """Per completion token: task_coef * A + opd_coef * (lt - lq - baseline) where trained, else 0."""
-    return [task_coef * advantage + opd_coef * (lt - lq - baseline) if t else 0.0
-            for lq, lt, t in zip(inference_logprobs, teacher_logprobs, trained, strict=True)]
 
 
 class Teacher:
@@ -101,9 +80,7 @@ class Teacher:
             raise InferenceError(f"teacher: {exc}") from None
         results = [logprobs for answer in answers for logprobs in answer]
         teachers = [logprobs[len(s.prompt_ids) - 1:] for s, logprobs in zip(scored, results, strict=True)]
-        diffs = [lt - lq for s, teacher in zip(scored, teachers, strict=True)
-                 for lt, lq, t in zip(teacher, s.completion_logprobs, s.trained(), strict=True) if t]
-        mean = sum(diffs) / max(len(diffs), 1)
+        mean = teacher_gap_mean(teachers, [s.completion_logprobs for s in scored], [s.trained() for s in scored])
         baseline = mean if self.config.opd_center else 0.0
         for s, teacher in zip(scored, teachers, strict=True):  # teacher[j]: logprobs[i] scores token i + 1
             trained = s.trained()

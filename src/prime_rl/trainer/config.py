@@ -10,7 +10,7 @@ from pydantic import Field
 from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
 from prime_rl.configs.base import NONE, BaseConfig
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
-from prime_rl.configs.shared import CkptConfig, RunConfig, WeightTransferConfig
+from prime_rl.configs.shared import ASYNC_LEVEL_DEFAULT, AsyncLevel, CkptConfig, RunConfig, WeightTransferConfig
 from prime_rl.utils.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -66,7 +66,8 @@ class ModelInitConfig(BaseConfig):
     """Build the model from an architecture with random weights instead of loading model.name's weights."""
 
     config: str | None = None
-    """A Hugging Face config (directory with config.json, or the JSON file); none: a tiny Qwen3 sized for the tokenizer."""
+    """A Hugging Face config (directory with config.json, or the JSON file); none: a tiny Qwen3 sized for the
+    tokenizer."""
     tokenizer: str = "char"
     """Tokenizer directory, or 'char' for the built-in character-level tokenizer with a ChatML template."""
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -115,11 +116,14 @@ class LoRAConfig(BaseConfig):
     """Dropout on each adapter's input (sft only: the RL trainer runs with dropout off, see docs/trainer.md#lora)."""
     target_modules: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = Field(
         default_factory=lambda: list(LORA_TARGETS))
-    """Linear layers to adapt, by name or name suffix inside the decoder layers (peft's target_modules); each must match a layer."""
+    """Linear layers to adapt, by name or name suffix inside the decoder layers (peft's target_modules); each must
+    match a layer."""
     modules_to_save: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
-    """Modules trained in full beside the adapters and shipped with them (peft's modules_to_save, matched as peft does: by name suffix, so "norm" is every RMSNorm); see docs/trainer.md#lora."""
+    """Modules trained in full beside the adapters and shipped with them (peft's modules_to_save, matched as peft
+    does: by name suffix, so "norm" is every RMSNorm); see docs/trainer.md#lora."""
     merge: bool = False
-    """Publish merged full weights (W0 + scale * B @ A) to weights/step_N instead of the adapter (any backend, no LoRA support needed)."""
+    """Publish merged full weights (W0 + scale * B @ A) to weights/step_N instead of the adapter (any backend, no
+    LoRA support needed)."""
 
 
 class TrainingConfig(RunConfig):
@@ -141,18 +145,23 @@ class TrainingConfig(RunConfig):
 
 
 class CriticConfig(BaseConfig):
-    """The value model V of the `gae` advantage type, trained by the trainer with a clipped value loss: a
-    separate model (the policy's architecture with a one-output token-classification head) or a value head on
-    the policy's own final hidden states; see docs/losses.md#ppo-with-a-critic-gae."""
+    """The critic of the `gae` advantage type: the value function V the trainer learns with a clipped value loss,
+    of one of two kinds (`type`): a separate model (the policy's architecture with a one-output token-classification
+    head; `trainer/critic.py`, `SeparateCritic`) or a value head on the policy's own final hidden states
+    (`trainer/value_head.py`, `ValueHeadCritic`); see docs/losses.md#ppo-with-a-critic-gae."""
 
     type: Literal["separate", "value_head"] = "separate"
-    """separate: a second model with its own forward and backward; value_head: V_t = w . h_{t-1} + b on the policy's own final hidden states h, trained in one backward with the policy on L_policy + value_coef * L_V (the trunk learns from the value loss too)."""
+    """separate: a second model with its own forward and backward; value_head: V_t = w . h_{t-1} + b on the
+    policy's own final hidden states h, trained in one backward with the policy on L_policy + value_coef * L_V
+    (the trunk learns from the value loss too)."""
     model: Annotated[str, Field(min_length=1)] | None = None
-    """Where the separate critic starts: a local model directory (its decoder weights; the head is new, seeded); none: the policy's model.name. Not with type value_head."""
+    """Where the separate critic starts: a local model directory (its decoder weights; the head is new, seeded);
+    none: the policy's model.name. Not with type value_head."""
     value_coef: Annotated[float, Field(gt=0)] | None = None
     """value_head only: the weight c_V of the value loss in the joint loss L = L_policy + c_V * L_V (none: 0.1)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    """The critic's own AdamW (constant lr) and gradient clipping (value_head: the head's; the trunk steps with the policy's optim)."""
+    """The critic's own AdamW (constant lr) and gradient clipping (value_head: the head's; the trunk steps with the
+    policy's optim)."""
     value_clip: Annotated[float, Field(gt=0)] | None = 0.2
     """Clip the new value to V_old +- this in the value loss (PPO's value clipping); none: plain squared error."""
 
@@ -166,6 +175,7 @@ class TrainerConfig(TrainingConfig):
     """RL trainer: reads rollout batches, steps the policy with the configured loss, writes weights."""
 
     command = "trainer"
+    run_lock = "shared"
 
     loss: LossConfig = Field(default_factory=DefaultLossConfig)
     """Policy loss (see docs/losses.md)."""
@@ -181,21 +191,23 @@ class TrainerConfig(TrainingConfig):
     """The advantage type (`rl` hands down orchestrator.advantage); the trainer computes only the token-level
     types (reinforce_plus_plus, gae) itself, from the batch's rewards."""
     critic: CriticConfig | None = None
-    """The value model of advantage type "gae" (none there: the defaults); only "gae" uses one."""
+    """The critic of advantage type "gae" (none there: the defaults); only "gae" uses one."""
     update_epochs: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
     batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     """How long to wait for a rollout batch rollouts/step_N/ before giving up."""
-    max_async_level: Annotated[int, Field(ge=0)] = 1
-    """The orchestrator's max_async_level (`rl` hands it down): step N trains only samples with N - this <= policy_step <= N."""
+    max_async_level: AsyncLevel = ASYNC_LEVEL_DEFAULT
+    """The orchestrator's max_async_level (`rl` hands it down): step N trains only samples with
+    N - this <= policy_step <= N."""
     weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
     """How the weights reach the inference servers (rl hands it down): filesystem or a torch.distributed broadcast."""
     num_processes: Annotated[int, Field(ge=1)] = 1
     """Trainer ranks: `rl` runs `torchrun --nproc-per-node num_processes` when > 1 (one GPU each, or CPU/gloo)."""
 
     @property
-    def value_model(self) -> CriticConfig | None:
-        """The critic this run trains: [critic] (its defaults when absent) under advantage type "gae", else none."""
+    def critic_in_use(self) -> CriticConfig | None:
+        """The critic this run trains: [critic] (its defaults when absent) under advantage type "gae", else none.
+        `critic` is the section as written (none also under "gae"); this is what the trainer builds."""
         return (self.critic or CriticConfig()) if self.advantage.type == "gae" else None
 
     def check_consistency(self, prefix: str = "") -> None:

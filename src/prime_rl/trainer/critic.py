@@ -1,5 +1,6 @@
 """The critic of the `gae` advantage type: the value loss both kinds of critic train on, and the separate
-value model (`critic.type = "separate"`; the other kind, a head on the policy, is `value_head.py`).
+critic, `SeparateCritic` (`critic.type = "separate"`; the other kind, a head on the policy, is
+`value_head.ValueHeadCritic`).
 
 V is a separate model: the policy's architecture (from `critic.model`, else the policy's own weights)
 with a one-output token-classification head (`AutoModelForTokenClassification`, num_labels = 1; the
@@ -45,7 +46,7 @@ from prime_rl.utils.errors import UserError
 @dataclass(frozen=True)
 class ValueTargets:
     """What the value loss of one step regresses on: per micro-batch of this rank V_old [T] and the GAE returns
-    G [T] (`token_level_advantages`), and N, the step's trained tokens on all ranks."""
+    G [T] (`rl/advantage.trainer_computed`), and N, the step's trained tokens on all ranks."""
 
     old_values: list[torch.Tensor]
     returns: list[torch.Tensor]
@@ -75,8 +76,8 @@ def value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, ma
     return half_sum / max(count, 1.0), metrics
 
 
-class Critic:
-    """The value model and its optimizer (checkpointed with the policy: `ckpt.save_checkpoint`)."""
+class SeparateCritic:
+    """The separate critic: its own model and optimizer (checkpointed with the policy: `ckpt.save_checkpoint`)."""
 
     def __init__(self, config: CriticConfig, policy: ModelConfig, runtime: RuntimeConfig, device: torch.device,
                  seed: int, vocab_size: int):

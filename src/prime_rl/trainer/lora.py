@@ -180,7 +180,8 @@ def checkpoint_identity(config: LoRAConfig | None, fingerprint: list[float] | No
 
 def check_resume(saved: dict, current: dict, where: str) -> None:
     """UserError (one line) when checkpoint `where` was trained on another model than this run's:
-    LoRA on/off, another rank, alpha, targets, saved modules or merge, or other base weights (fingerprints within 1e-9)."""
+    LoRA on/off, another rank, alpha, targets, saved modules or merge, or other base weights (fingerprints
+    within 1e-9)."""
     was, now = saved.get("lora"), current.get("lora")
     if was is None and now is not None:
         raise UserError(f"checkpoint {where} was trained without LoRA (full fine-tuning) but this run sets lora: "

@@ -45,7 +45,9 @@ def load_tokenizer(model: ModelConfig, init: ModelInitConfig | None = None) -> P
         raise UserError(f"cannot load tokenizer {source!r}: {exc}") from None
 
 
-def _init_config(init: ModelInitConfig, tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool) -> PretrainedConfig:
+def _init_config(
+    init: ModelInitConfig, tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool
+) -> PretrainedConfig:
     if init.config is None:
         from prime_rl.utils.tiny_model import tiny_qwen3_config
 
@@ -311,7 +313,8 @@ def score_rows(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingR
     _check_sampled_vocabulary(rows, rule)
     if not head_output_is_logits(model):
         logits, hiddens = forward_rows(model, rows, pad_id, hidden)
-        scored = [token_logprobs(lg, ids, lens, rule, entropies) for lg, (ids, _, lens) in zip(logits, rows, strict=True)]
+        scored = [token_logprobs(lg, ids, lens, rule, entropies)
+                  for lg, (ids, _, lens) in zip(logits, rows, strict=True)]
         return scored, hiddens
     layout = _layout(model, rows, pad_id)
     targets = torch.zeros(_num_outputs(layout), dtype=torch.long, device=layout.input_ids.device)

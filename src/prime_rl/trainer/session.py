@@ -18,13 +18,13 @@ from prime_rl.monitor import Monitor
 from prime_rl.run_dir import resolve_resume_step, weights_dir
 from prime_rl.trainer import ckpt as ckpt_io
 from prime_rl.trainer.config import ModelInitConfig, TrainingConfig
-from prime_rl.trainer.critic import Critic
+from prime_rl.trainer.critic import SeparateCritic
 from prime_rl.trainer.dist import all_reduce_sum, init_distributed
 from prime_rl.trainer.lora import LoRAWeights, apply_lora, base_fingerprint, checkpoint_identity
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.optim import build_optimizer, build_scheduler, checked_step
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
-from prime_rl.trainer.value_head import ValueHead
+from prime_rl.trainer.value_head import ValueHeadCritic
 from prime_rl.trainer.weights import send_weights, write_weights
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
@@ -40,8 +40,9 @@ class TrainSession:
     `dropout`: whether the model's dropout layers (LoRA's included) are active in training forwards
     (`sft`: yes; the RL trainer: no, its logprobs must be the sampling policy's, docs/trainer.md#lora).
     With `config.lora` the model is the base with peft's LoRA layers injected; only the adapters train.
-    With a `value_model` (the RL trainer under advantage type "gae") it also owns the critic, checkpointed with
-    the policy: a separate model (`trainer/critic.py`) or a head on the policy (`trainer/value_head.py`).
+    With a critic in use (`TrainerConfig.critic_in_use`: the RL trainer under advantage type "gae") it also owns
+    the critic, checkpointed with the policy: a `SeparateCritic` (`trainer/critic.py`) or a `ValueHeadCritic` on
+    the policy (`trainer/value_head.py`).
     """
 
     def __init__(self, config: TrainingConfig, source: str, init: ModelInitConfig | None = None, *,
@@ -74,15 +75,15 @@ class TrainSession:
         self.identity = checkpoint_identity(config.lora, fingerprint)  # what the checkpoints trained
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)
-        value_model = getattr(config, "value_model", None)  # the RL trainer's critic (advantage type "gae")
-        self.critic = None
-        if value_model is not None and value_model.type == "value_head":
-            self.critic = ValueHead(value_model, self.model, self.dist.device, config.seed)
-        elif value_model is not None:
-            self.critic = Critic(value_model, config.model, config.runtime, self.dist.device, config.seed,
-                                 self.model_config.vocab_size)
-        if value_model is not None:
-            self.identity["critic"] = value_model.type  # a resume must keep the kind of critic
+        critic = getattr(config, "critic_in_use", None)  # the RL trainer's critic (advantage type "gae")
+        self.critic: SeparateCritic | ValueHeadCritic | None = None
+        if critic is not None and critic.type == "value_head":
+            self.critic = ValueHeadCritic(critic, self.model, self.dist.device, config.seed)
+        elif critic is not None:
+            self.critic = SeparateCritic(critic, config.model, config.runtime, self.dist.device, config.seed,
+                                         self.model_config.vocab_size)
+        if critic is not None:
+            self.identity["critic"] = critic.type  # a resume must keep the kind of critic
 
         # weight_transfer.mode = "distributed": rank 0 joins the servers' group now (they join at their start).
         transfer = getattr(config, "weight_transfer", None)

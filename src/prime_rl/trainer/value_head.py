@@ -38,8 +38,9 @@ from prime_rl.trainer.optim import build_optimizer, checked_step
 from prime_rl.utils.batch_format import MicroBatch
 
 
-class ValueHead:
-    """The head (`model`, an `nn.Linear(hidden_size, 1)`), its AdamW (`optimizer`) and the policy it reads."""
+class ValueHeadCritic:
+    """The value-head critic: the head (`model`, an `nn.Linear(hidden_size, 1)`), its AdamW (`optimizer`) and the
+    policy it reads."""
 
     def __init__(self, config: CriticConfig, policy: nn.Module, device: torch.device, seed: int):
         self.config = config

@@ -77,7 +77,9 @@ def _read_manifest(directory: Path) -> dict[str, dict]:
             parts = PurePosixPath(name).parts
             if not parts or name.startswith("/") or ".." in parts or name == MANIFEST:
                 raise ValueError(f"file name {name!r} is not inside the checkpoint")
-            if isinstance(entry["size"], bool) or not (isinstance(entry["size"], int) and isinstance(entry["sha256"], str)):
+            if isinstance(entry["size"], bool) or not (
+                isinstance(entry["size"], int) and isinstance(entry["sha256"], str)
+            ):
                 raise ValueError(f"bad entry for {name!r}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CorruptCheckpoint(f"checkpoint manifest {path} is unreadable: {exc}") from None

@@ -110,7 +110,8 @@ def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[st
         steps = sorted(rewards)
         last5 = [rewards[s] for s in steps[-5:]]
         lines.append(
-            f"reward: {rewards[steps[0]]:.3f} (step {steps[0] + 1}) -> {rewards[steps[-1]]:.3f} (step {steps[-1] + 1}); "
+            f"reward: {rewards[steps[0]]:.3f} (step {steps[0] + 1}) -> "
+            f"{rewards[steps[-1]]:.3f} (step {steps[-1] + 1}); "
             f"mean of last {len(last5)}: {sum(last5) / len(last5):.3f}"
         )
     lines.append(f"wall time: {wall_s:.0f}s")

@@ -12,8 +12,8 @@ For logits `z` of one position and temperature T > 0, with s = z / T and p = sof
 min_p and top_k each keep a most-likely prefix by a threshold the other does not move, so they
 commute; top_p comes after both. This is vLLM's order (temperature, min_p, top-k, top-p), and
 the same rule runs in the builtin engine. Among tokens tied at the edge of the top-p set this
-rule keeps the lower token id (a stable descending sort); vLLM's kernels may keep other ones. The sampled distribution is p renormalised over the
-kept set K:
+rule keeps the lower token id (a stable descending sort); vLLM's kernels may keep other ones. The
+sampled distribution is p renormalised over the kept set K:
 
     log q(v) = s_v - logsumexp_{u in K} s_u      (v in K; -inf outside)
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.builtin.app import create_app
 from prime_rl.inference.builtin.engine import Completion, Engine
 from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.policy import Policy
 from prime_rl.utils.char_tokenizer import build_char_tokenizer
 from prime_rl.utils.tiny_model import save_random_model
 from prime_rl.utils.tool_calls import format_tool_call
@@ -31,7 +31,7 @@ class StubEngine:
     context_len = 64
     alive = True
 
-    def submit(self, prompt_ids, params, n=1):
+    def submit(self, prompt_ids, params, n=1, owner=None):
         future = Future()
         if self.tokenizer.decode(prompt_ids).startswith("boom"):
             future.set_exception(RuntimeError("the engine broke on this request"))
@@ -46,8 +46,8 @@ def client_of(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=60)
 
 
-def call(requests: list[tuple[str, str, dict | None]], engine=None) -> list[httpx.Response]:
-    app = create_app(engine or StubEngine(), "stub", WeightGate())
+def call(requests: list[tuple[str, str, dict | None]], engine=None, access=None) -> list[httpx.Response]:
+    app = create_app(engine or StubEngine(), "stub", WeightGate(), access)
 
     async def go():
         async with client_of(app) as client:
@@ -56,24 +56,19 @@ def call(requests: list[tuple[str, str, dict | None]], engine=None) -> list[http
     return asyncio.run(go())
 
 
-def test_framework_and_engine_errors_are_json_and_other_requests_go_on():
-    boom, fine, missing, method, models, trace = call([
+def test_an_engine_failure_is_a_json_500_and_the_other_requests_go_on():
+    """(Every backend's JSON errors, the framework's 404 and 405 among them:
+    tests/inference/test_backend_contract.py.)"""
+    boom, fine, trace = call([
         ("POST", "/v1/completions", {"prompt": "boom", "max_tokens": 2}),
         ("POST", "/v1/completions", {"prompt": "fine", "max_tokens": 2}),
-        ("GET", "/nowhere", None),
-        ("PATCH", "/v1/chat/completions", None),
-        ("GET", "/v1/models", None),
         ("TRACE", "/health", None),
     ])
     assert boom.status_code == 500
     assert boom.json() == {"error": {"message": "internal server error (RuntimeError)", "type": "InternalServerError",
                                      "code": 500}}
     assert fine.status_code == 200 and fine.json()["choices"][0]["text"] == ANSWER
-    assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
-    assert method.status_code == 405 and method.json()["error"]["code"] == 405
-    assert method.headers["allow"] == "POST"  # RFC 9110: a 405 says which methods the route takes
     assert trace.status_code == 405 and trace.headers["allow"] == "GET"
-    assert models.json()["data"][0]["id"] == "stub"
 
 
 def test_update_weights_without_allowed_directories_is_refused_with_a_clear_403(tmp_path):
@@ -82,27 +77,23 @@ def test_update_weights_without_allowed_directories_is_refused_with_a_clear_403(
     assert "no weight directory is allowed" in response.json()["error"]["message"]
 
 
-def test_logprobs_entries_are_each_tokens_text_bytes_and_offset():
-    """Each token is decoded once per server and offsets are running sums; the entries are still the definitions."""
+def test_special_tokens_show_their_text_and_the_answer_step_is_its_first_tokens():
+    """The logprobs show a special token by its text (EOS included), and an answer's `weight_step` is the step its
+    first tokens were sampled under (the engine's, 7 here, not the gate's 0). (The logprobs' shapes and definitions
+    every backend answers: tests/inference/test_backend_contract.py.)"""
     chat, completion = call([
         ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}),
         ("POST", "/v1/completions", {"prompt": "hi", "n": 2}),
     ])
-    decode = StubEngine.tokenizer.decode
     ids = StubEngine.tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
-    texts = [decode([t]) for t in ids]
+    texts = [StubEngine.tokenizer.decode([t]) for t in ids]
     assert len(ids) > 3 and texts[-1] == "<|im_end|>"
     for choice in chat.json()["choices"]:
-        assert choice["logprobs"]["content"] == [
-            {"token": text, "logprob": -0.5, "bytes": list(text.encode()), "top_logprobs": []} for text in texts
-        ]
+        assert [entry["token"] for entry in choice["logprobs"]["content"]] == texts
         assert choice["token_weight_steps"] == [7] * len(ids)
     for choice in completion.json()["choices"]:
-        logprobs = choice["logprobs"]
-        assert logprobs["tokens"] == texts
-        assert logprobs["text_offset"] == [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
-        assert choice["token_weight_steps"] == [7] * len(ids)
-    assert chat.json()["weight_step"] == completion.json()["weight_step"] == 7  # the first token's step
+        assert choice["logprobs"]["tokens"] == texts and choice["token_weight_steps"] == [7] * len(ids)
+    assert chat.json()["weight_step"] == completion.json()["weight_step"] == 7
 
 
 TOOL_TEMPLATE = (  # renders `tools` and assistant `tool_calls` as Qwen's template does (arguments through tojson)
@@ -127,7 +118,7 @@ class ScriptedEngine(StubEngine):
         self.tokenizer.chat_template = TOOL_TEMPLATE
         self.text, self.finish_reason, self.prompts = text, finish_reason, []
 
-    def submit(self, prompt_ids, params, n=1):
+    def submit(self, prompt_ids, params, n=1, owner=None):
         self.prompts.append(self.tokenizer.decode(prompt_ids))
         ids = self.tokenizer(self.text, add_special_tokens=False)["input_ids"]
         future = Future()
@@ -176,7 +167,8 @@ def test_tools_and_tool_messages_reach_the_chat_template():
     assert response.status_code == 200, response.text
     assert engine.prompts == [
         "tool:multiply\n<|im_start|>user\n12*34<|im_end|>\n"
-        '<|im_start|>assistant\n<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call><|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}'
+        "</tool_call><|im_end|>\n"
         "<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"
     ]  # arguments sent as a JSON string reach the template as an object, rendered once
 
@@ -190,7 +182,8 @@ def test_tools_and_tool_messages_reach_the_chat_template():
     ({"messages": [{"role": "user", "content": None}]}, "content is required"),
     ({"messages": [{"role": "assistant", "content": None}]}, "content is required"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
-        {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "arguments string is not valid JSON"),
+        {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
+     "arguments string is not valid JSON"),
 ])
 def test_bad_tools_tool_choice_and_tool_messages_are_400s(fields, message):
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS} | fields
@@ -215,7 +208,7 @@ def test_in_flight_update_switches_running_choices_token_by_token(tiny_model_dir
     new_dir = save_random_model(tmp_path / "step_5", seed=5, hidden_size=64, num_layers=2)
     engine = Engine(str(tiny_model_dir), context_len=256, seed=0, max_batch_size=16)
     gate = WeightGate()
-    app = create_app(engine, "tiny", gate, Policy(weight_roots=(tmp_path.resolve(), tiny_model_dir.resolve())))
+    app = create_app(engine, "tiny", gate, AccessPolicy(weight_roots=(tmp_path.resolve(), tiny_model_dir.resolve())))
     long = {"prompt": "in flight", "max_tokens": 200, "n": 8, "temperature": 1.0, "seed": 3}
 
     async def decoding() -> None:
@@ -299,7 +292,8 @@ def test_chat_template_kwargs_reach_the_template_and_null_content_renders_as_emp
     assert sorted(engine.prompts) == [turns, turns + "(no thinking)"]  # the requests run concurrently
 
 
-@pytest.mark.parametrize("kwargs", [{"chat_template": "{{ 'mine' }}"}, {"tokenize": True}, {"add_generation_prompt": False}])
+@pytest.mark.parametrize("kwargs", [{"chat_template": "{{ 'mine' }}"}, {"tokenize": True},
+                                    {"add_generation_prompt": False}])
 def test_chat_template_kwargs_cannot_set_renderer_arguments(kwargs):
     engine = ScriptedEngine("ok")
     body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs}

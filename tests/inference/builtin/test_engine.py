@@ -65,6 +65,12 @@ def test_a_prompt_token_past_the_sampled_vocabulary_fails_its_request_alone(engi
     assert len(good.result(timeout=60)[0].prompt_logprobs) == 2
 
 
+def test_a_one_token_prompt_scores_to_no_logprobs_instead_of_failing(engine):
+    """A prompt of one token has nothing after its first token to score (vLLM answers [None]); it was a 500."""
+    (done,) = engine.submit([7], SamplingParams(max_tokens=2, prompt_logprobs=True)).result(timeout=60)
+    assert done.prompt_logprobs == [] and len(done.token_ids) >= 1
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
 def test_long_prompts_are_scored_in_chunks_as_one_pass_would(tiny_model_dir, monkeypatch, temperature):
     """Prompt scoring makes logits a few rows at a time (`PROMPT_CHUNK_LOGITS`): same logprobs and ranks."""

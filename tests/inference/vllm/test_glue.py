@@ -1,20 +1,25 @@
-"""prime-rl's glue around vLLM, tested without vLLM: server arguments, middleware, worker extension."""
+"""prime-rl's glue around vLLM, tested without vLLM: server arguments, middleware, worker extension. What the
+middleware answers as every backend does (the guard, strict JSON, the context and the token budget, the update
+statuses, the answer fields) is in the contract suite, tests/inference/test_backend_contract.py; both use the
+stand-in of vLLM's app in `tests/support/fake_vllm.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tempfile
 import types
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
 from safetensors.torch import save_file
 
+from prime_rl.inference.access import KEY_ENV, POLICY_ENV, AccessPolicy
 from prime_rl.inference.config import InferenceConfig
-from prime_rl.inference.policy import KEY_ENV, POLICY_ENV, Policy
 from prime_rl.inference.vllm import launch
 from prime_rl.inference.vllm.launch import vllm_args
 from prime_rl.inference.vllm.middleware import (
@@ -25,8 +30,10 @@ from prime_rl.inference.vllm.middleware import (
     completion_limit,
 )
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
+from prime_rl.inference.weights import open_weight_dir
 from prime_rl.utils import embedded_models
 from prime_rl.utils.errors import UserError
+from tests.support.fake_vllm import FakeEngineClient, fake_vllm_app, weight_dir
 
 
 def test_vllm_args_pass_engine_options_and_prime_rl_hooks(tmp_path):
@@ -67,112 +74,61 @@ def test_vllm_loads_an_embedded_model_from_its_path_and_serves_it_by_name(tmp_pa
     assert pairs["--model"] == str(tmp_path) and pairs["--served-model-name"] == "tiny-test"
 
 
-class FakeEngineClient:
-    def __init__(self, fail: bool = False):
-        self.calls: list[tuple] = []
-        self.fail = fail
-
-    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        self.calls.append((method, args))
-        if self.fail:
-            raise RuntimeError("shape mismatch")
-
-    async def reset_prefix_cache(self):
-        self.calls.append(("reset_prefix_cache", ()))
-
-
-def prompt_tokens(prompt: str | list[str]) -> int:
-    """One token per character; a list of prompts counts them all, as vLLM's `usage` does."""
-    return len(prompt) if isinstance(prompt, str) else sum(map(len, prompt))
-
-
-def fake_vllm_app(engine_client) -> tuple[FastAPI, asyncio.Event]:
-    """A stand-in for vLLM's app: a completion route that can be held open, and a streaming route."""
-    app = FastAPI()
-    app.state.engine_client = engine_client
-    release = asyncio.Event()
-    release.set()
-
-    @app.post("/v1/completions")
-    async def complete(request: Request):
-        body = await request.json()  # the middleware read it first: the app must still get it whole
-        await release.wait()
-        return {"choices": [{"index": 0, "text": "x", "token_ids": [1], "prompt_token_ids": [2]}],
-                "usage": {"prompt_tokens": prompt_tokens(body.get("prompt", "")), "completion_tokens": 1}}
-
-    @app.post("/v1/chat/completions")
-    async def stream():
-        return StreamingResponse(iter([b"data: {}\n\n"]), media_type="text/event-stream")
-
-    app.add_middleware(PrimeRLMiddleware)
-    return app, release
-
-
-def weight_dir(tmp_path, step, tensors=None, config=None):
-    """A checkpoint directory; the default one matches `served_model`'s."""
-    path = tmp_path / f"step_{step}"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(config or {"model_type": "tiny", "hidden_size": 1}))
-    save_file(tensors or {"w": torch.zeros(1)}, str(path / "model.safetensors"))
-    return path
+def pins_of(path) -> list[tuple[str, str, int, int]]:
+    """What the middleware hands the workers for a directory's tensor files: name, real path, device, inode."""
+    files = sorted(Path(path).resolve().glob("*.safetensors"))
+    return [(file.name, str(file), file.stat().st_dev, file.stat().st_ino) for file in files]
 
 
 @pytest.fixture
 def served_model(tmp_path, monkeypatch):
-    """The policy the launcher hands to the middleware: updates from tmp_path, compared with tmp_path/step_0."""
+    """The access policy the launcher hands to the middleware: updates from tmp_path, compared with tmp_path/step_0."""
     model = weight_dir(tmp_path, 0)
-    policy = Policy(weight_roots=(tmp_path.resolve(),), model_dir=str(model))
-    for name, value in policy.to_env().items():
+    access = AccessPolicy(weight_roots=(tmp_path.resolve(),), model_dir=str(model))
+    for name, value in access.to_env().items():
         monkeypatch.setenv(name, value)
     return model
 
 
-def test_middleware_stamps_steps_and_updates_between_requests(tmp_path, served_model):
+def test_middleware_drains_before_an_update_loads_on_every_worker_and_passes_streams_through(tmp_path, served_model):
+    """An update waits for the request in flight (which answers under the old step), then loads the checked files
+    on every worker and resets the prefix cache; a completion's `prompt_token_ids` is lifted to the top level, the
+    rewritten answer's Content-Length fits it, and a streamed answer passes unchanged. (The statuses and steps every
+    backend answers: tests/inference/test_backend_contract.py.)"""
     engine = FakeEngineClient()
     app, release = fake_vllm_app(engine)
 
     async def scenario():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
-            first = await client.post("/v1/completions", json={})
             release.clear()
-            in_flight = asyncio.create_task(client.post("/v1/completions", json={}))
+            in_flight = asyncio.create_task(client.post("/v1/completions", json={"prompt": "ab"}))
             await asyncio.sleep(0.05)
             update = asyncio.create_task(client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 3))}))
             await asyncio.sleep(0.05)
             assert engine.calls == []  # the update waits for the in-flight request
             release.set()
             old, updated = await in_flight, await update
-            new = await client.post("/v1/completions", json={})
-            streamed = await client.post("/v1/chat/completions", json={})
+            new = await client.post("/v1/completions", json={"prompt": "ab"})
+            streamed = await client.post("/v1/chat/completions", json={"stream": True})
             reset = await client.post("/reset", json={})
-            in_flight_update = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 4)),
-                                                                           "in_flight": True})
-            return first, old, updated, new, streamed, reset, in_flight_update
+            return old, updated, new, streamed, reset
 
-    first, old, updated, new, streamed, reset, in_flight_update = asyncio.run(scenario())
-    assert new.json()["choices"][0]["token_weight_steps"] == [3]  # one per token, all the admitted step
-    assert in_flight_update.status_code == 400
-    assert in_flight_update.json()["error"]["message"] == "in-flight weight updates need the builtin backend"
-    assert first.json()["weight_step"] == 0 and old.json()["weight_step"] == 0
-    assert updated.status_code == 200 and updated.json() == {"weight_step": 3}
-    assert new.json()["weight_step"] == 3 and new.json()["choices"][0]["token_ids"] == [1]
-    assert new.json()["prompt_token_ids"] == [2]  # lifted from the choice to the top level
+    old, updated, new, streamed, reset = asyncio.run(scenario())
+    assert old.json()["weight_step"] == 0 and updated.json() == {"weight_step": 3} and new.json()["weight_step"] == 3
+    assert new.json()["prompt_token_ids"] == [97, 98] == new.json()["choices"][0]["prompt_token_ids"]
     assert int(new.headers["content-length"]) == len(new.content)
     assert streamed.text == "data: {}\n\n"
     assert reset.status_code == 200
     assert engine.calls == [
-        ("load_weights_from_dir", (str(tmp_path / "step_3"),)), ("reset_prefix_cache", ()), ("reset_prefix_cache", ())
+        ("load_weights_from_dir", (str(tmp_path / "step_3"), pins_of(tmp_path / "step_3"))), ("reset_prefix_cache", ()),
+        ("reset_prefix_cache", ())
     ]
 
 
 @pytest.mark.parametrize(
     ("make", "status", "message"),
     [
-        (lambda p: {"path": str(p / "step_9")}, 400, "does not exist"),
-        (lambda p: {"path": "/nowhere/step_1"}, 403, "outside the allowed weight directories"),
-        (lambda p: {"path": f"{p}/step_5/../../step_5"}, 403, "outside the allowed weight directories"),
-        (lambda p: {"nope": 1}, 400, "invalid request"),
         (lambda p: {"path": str(weight_dir(p, 5, tensors={"v": torch.zeros(1)}))}, 400, "tensors missing"),
         (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.zeros(2)}))}, 400, "has shape [2]"),
         (lambda p: {"path": str(weight_dir(p, 5, tensors={"w": torch.zeros(1, dtype=torch.int64)}))}, 400, "dtype"),
@@ -181,7 +137,10 @@ def test_middleware_stamps_steps_and_updates_between_requests(tmp_path, served_m
         (None, 400, "cannot load weights"),
     ],
 )
-def test_middleware_rejects_bad_updates_and_keeps_the_step(tmp_path, served_model, make, status, message):
+def test_middleware_rejects_updates_that_do_not_fit_vllms_model_and_keeps_the_step(tmp_path, served_model, make,
+                                                                                     status, message):
+    """What the middleware checks against the checkpoint vLLM started from, and a load the workers fail. (The
+    refusals every backend answers, outside the roots and the like: tests/inference/test_backend_contract.py.)"""
     engine = FakeEngineClient(fail=make is None)
     app, _ = fake_vllm_app(engine)
     body = make(tmp_path) if make else {"path": str(weight_dir(tmp_path, 5))}
@@ -196,7 +155,8 @@ def test_middleware_rejects_bad_updates_and_keeps_the_step(tmp_path, served_mode
     bad, after = asyncio.run(scenario())
     assert bad.status_code == status and message in bad.json()["error"]["message"], bad.text
     assert after.json()["weight_step"] == 0
-    assert engine.calls == ([("load_weights_from_dir", (str(tmp_path / "step_5"),))] if make is None else [])
+    step_5 = tmp_path / "step_5"
+    assert engine.calls == ([("load_weights_from_dir", (str(step_5), pins_of(step_5)))] if make is None else [])
 
 
 def test_completion_limit_reads_max_tokens_and_counts_prompts():
@@ -208,22 +168,23 @@ def test_completion_limit_reads_max_tokens_and_counts_prompts():
     assert completion_limit({"prompt": "a", "max_tokens": True}) == (None, True)
 
 
-def test_middleware_refuses_prompt_plus_max_tokens_beyond_the_context(monkeypatch):
-    """vLLM would clamp max_tokens to the room left; both backends answer 400 instead."""
+def test_middleware_refuses_a_max_tokens_that_fills_the_context_and_replaces_an_overflowing_answer(monkeypatch):
+    """vLLM would clamp max_tokens to the room left: a max_tokens that alone fills the context is refused before
+    vLLM generates, an overflow seen in the answer's `usage` replaces the answer (its Content-Length with it), and a
+    batch is left to vLLM (its `usage` sums the prompts). (The 400 every backend answers beyond the context:
+    tests/inference/test_backend_contract.py.)"""
     monkeypatch.setenv(CONTEXT_ENV, "16")
     app, _ = fake_vllm_app(FakeEngineClient())
 
     async def scenario():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-            bodies = [{"prompt": "abc", "max_tokens": 13}, {"prompt": "abc", "max_tokens": 14},
-                      {"prompt": "abc", "max_tokens": 16}, {"prompt": ["abcdefgh", "a"], "max_tokens": 10}]
+            bodies = [{"prompt": "abc", "max_tokens": 14}, {"prompt": "abc", "max_tokens": 16},
+                      {"prompt": ["abcdefgh", "a"], "max_tokens": 10}]
             return [await client.post("/v1/completions", json=body) for body in bodies]
 
-    fits, overflows, fills, batch = asyncio.run(scenario())
-    assert fits.status_code == 200 and fits.json()["weight_step"] == 0
-    assert overflows.status_code == 400
-    assert overflows.json()["error"]["message"] == "prompt (3 tokens) + max_tokens (14) exceeds the context length 16"
-    assert int(overflows.headers["content-length"]) == len(overflows.content)
+    overflows, fills, batch = asyncio.run(scenario())
+    assert overflows.status_code == 400 and int(overflows.headers["content-length"]) == len(overflows.content)
+    assert len(app.state.generated) == 2  # the overflow was generated (then refused), the filling one never
     assert fills.status_code == 400 and "leaves no room for a prompt" in fills.json()["error"]["message"]
     assert batch.status_code == 200  # several prompts (9 tokens in all): usage sums them, so it is not checked
 
@@ -248,68 +209,20 @@ def test_worker_extension_reloads_every_tensor_of_the_directory(tmp_path):
             assert is_checkpoint_format
             seen.update(weights_iterator)
 
-    Worker().load_weights_from_dir(str(path))
+    with open_weight_dir(path) as checked:  # the middleware's side: the files checked, held open
+        Worker().load_weights_from_dir(str(path), checked.pins())
     assert set(seen) == {"a", "b"} and torch.equal(seen["a"], torch.ones(2))
     assert head.weight is embed.weight  # the tied head follows the new embedding
 
     loaded = {}
     old_style = WeightDirWorkerExtension()  # older vLLM: the model's own load_weights
-    old_style.model_runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda weights: loaded.update(weights)))
-    old_style.load_weights_from_dir(str(path))
+    old_style.model_runner = types.SimpleNamespace(
+        model=types.SimpleNamespace(load_weights=lambda weights: loaded.update(weights)))
+    old_style.load_weights_from_dir(str(path), pins_of(path))
     assert set(loaded) == {"a", "b"}
 
 
-def test_middleware_guards_every_route_with_the_launchers_policy(tmp_path, monkeypatch):
-    """The API key, the admin-endpoint checks and the body cap, as the builtin server has them."""
-    for name, value in Policy(api_key="k3y", max_request_bytes=1000, weight_roots=(tmp_path,)).to_env().items():
-        monkeypatch.setenv(name, value)
-    engine = FakeEngineClient()
-    app, _ = fake_vllm_app(engine)
-    auth = {"authorization": "Bearer k3y"}
-
-    async def scenario():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8000") as c:
-            return [
-                await c.post("/v1/completions", json={}),
-                await c.post("/update_weights", json={"path": str(tmp_path)}),
-                await c.post("/reset", json={}, headers={**auth, "host": "attacker.example"}),
-                await c.post("/reset", content=b"{}", headers={**auth, "content-type": "text/plain"}),
-                await c.post("/v1/completions", content=b"x" * 1001, headers=auth),
-                await c.post("/v1/completions", json={}, headers=auth),
-                await c.post("/reset", json={}, headers=auth),
-            ]
-
-    statuses = [r.status_code for r in asyncio.run(scenario())]
-    assert statuses == [401, 401, 403, 415, 413, 200, 200]
-    assert engine.calls == [("reset_prefix_cache", ())]  # only the last, authorised reset got through
-
-
-@pytest.mark.parametrize(
-    ("raw", "message"),
-    [(b'{"prompt": "a", "temperature": NaN}', "NaN"), (b'{"prompt": "\\ud800"}', "surrogate"),
-     (b"[" * 50_000 + b"]" * 50_000, "nested"), (b'{"prompt": "a", "max_tokens": 1e999}', "out of range")],
-)
-def test_middleware_refuses_what_is_not_strict_json_before_vllm_sees_it(raw, message):
-    reached = []
-
-    async def vllm(scope, receive, send):  # stands in for vLLM's app: records what gets through
-        reached.append(scope["path"])
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": b"ok"})
-
-    async def scenario():
-        transport = httpx.ASGITransport(app=PrimeRLMiddleware(vllm))
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-            bad = await client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
-            good = await client.post("/v1/completions", json={"prompt": "a"})
-            return bad, good
-
-    bad, good = asyncio.run(scenario())
-    assert bad.status_code == 400 and message in bad.json()["error"]["message"]
-    assert good.status_code == 200 and reached == ["/v1/completions"]  # only the good one reached vLLM
-
-
-def test_launch_hands_the_policy_to_vllm_through_the_environment_never_argv(tmp_path, monkeypatch):
+def test_launch_hands_the_access_policy_to_vllm_through_the_environment_never_argv(tmp_path, monkeypatch):
     execs = []
     monkeypatch.setattr(launch, "vllm_available", lambda: True)
     monkeypatch.setattr(launch.os, "execv", lambda exe, argv: execs.append(argv))
@@ -320,9 +233,9 @@ def test_launch_hands_the_policy_to_vllm_through_the_environment_never_argv(tmp_
     assert "do-not-show" not in " ".join(execs[0])
     env = launch.os.environ
     assert env[KEY_ENV] == "do-not-show"
-    policy = Policy.from_env(env)
-    assert policy == Policy.from_config(config)
-    assert policy.weight_roots == ((tmp_path / "w").resolve(), tmp_path.resolve()) and policy.max_request_bytes == 1234
+    access = AccessPolicy.from_env(env)
+    assert access == AccessPolicy.from_config(config)
+    assert access.weight_roots == ((tmp_path / "w").resolve(), tmp_path.resolve()) and access.max_request_bytes == 1234
     assert "do-not-show" not in env[POLICY_ENV]
 
 
@@ -365,17 +278,20 @@ def lora_dir(tmp_path, step, a_shape=(2, 3), saved=False):
 
 def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_model(tmp_path, monkeypatch):
     model = weight_dir(tmp_path, 0, tensors={"layer.weight": torch.zeros(4, 3), "norm.weight": torch.ones(3)})
-    for name, value in Policy(weight_roots=(tmp_path.resolve(),), model_dir=str(model)).to_env().items():
+    for name, value in AccessPolicy(weight_roots=(tmp_path.resolve(),), model_dir=str(model)).to_env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PRIME_INFERENCE_SERVED_NAME", "tiny")
     engine = FakeEngineClient()
     app = FastAPI()
     app.state.engine_client = engine
-    lora_calls, asked = [], []
+    lora_calls, asked, copies = [], [], []
 
     @app.post("/v1/load_lora_adapter")
-    async def load(request: Request):
-        lora_calls.append(("load", await request.json(), request.headers.get("authorization")))
+    async def load(request: Request):  # vLLM reads the adapter from lora_path here: a private copy of the checked files
+        body = await request.json()
+        copy = Path(body.pop("lora_path"))
+        copies.append((copy, {file.name: file.read_bytes() for file in copy.iterdir()}))
+        lora_calls.append(("load", body, request.headers.get("authorization")))
         return {"status": "ok"}
 
     @app.post("/v1/unload_lora_adapter")
@@ -408,12 +324,16 @@ def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_mode
     assert [a.json()["model"] for a in answers] == ["tiny"] * 4  # the client sees the name it asked for
     assert [a.json()["weight_step"] for a in answers] == [0, 1, 2, 3]
     assert lora_calls == [
-        ("load", {"lora_name": "prime-rl-step-1", "lora_path": str(tmp_path / "step_1")}, "Bearer k"),
-        ("load", {"lora_name": "prime-rl-step-2", "lora_path": str(tmp_path / "step_2")}, "Bearer k"),
+        ("load", {"lora_name": "prime-rl-step-1"}, "Bearer k"),
+        ("load", {"lora_name": "prime-rl-step-2"}, "Bearer k"),
         ("unload", {"lora_name": "prime-rl-step-1"}, "Bearer k"),
         ("unload", {"lora_name": "prime-rl-step-2"}, "Bearer k"),  # full weights end the alias
     ]
-    assert ("load_weights_from_dir", (str(model),)) in engine.calls
+    for (copy, files), step in zip(copies, (1, 2), strict=True):
+        assert copy.parent == Path(tempfile.gettempdir()) and files == {
+            file.name: file.read_bytes() for file in (tmp_path / f"step_{step}").iterdir()}
+        assert not copy.exists()  # removed once its adapter was replaced
+    assert ("load_weights_from_dir", (str(model), pins_of(model))) in engine.calls
     assert bad.status_code == 400 and "expected [2, 3]" in bad.json()["error"]["message"]
     # vLLM's LoRA adapters carry no fully trained modules: refused before vLLM sees it (rl asks for merge = true).
     assert saved.status_code == 400 and "trainer.lora.merge = true" in saved.json()["error"]["message"]
@@ -457,6 +377,36 @@ class WorkersEngineClient:
 
     async def reset_prefix_cache(self):
         self.calls.append("reset_prefix_cache")
+
+
+def test_vllm_workers_load_only_the_files_the_middleware_checked(tmp_path, tmp_path_factory, served_model):
+    """The workers open the tensor files again in their own processes: a name swapped for a link outside between
+    the middleware's check and the workers' load is refused (400, nothing loaded, the step kept), never read."""
+    outside = tmp_path_factory.mktemp("elsewhere") / "model.safetensors"
+    save_file({"w": torch.full((1,), 7.0)}, str(outside))  # fits the served model: only a read would tell
+    worker = TransferWorker(0)
+
+    class SwapBeforeLoad(WorkersEngineClient):
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            if method == "load_weights_from_dir" and args[0].endswith("step_2"):
+                os.symlink(outside, f"{args[0]}/link.tmp")
+                os.replace(f"{args[0]}/link.tmp", f"{args[0]}/model.safetensors")
+            return await super().collective_rpc(method, timeout, args, kwargs)
+
+    app, _ = fake_vllm_app(SwapBeforeLoad([worker]))
+
+    async def scenario():
+        async with started_client(app) as client:
+            first = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1))})
+            swapped = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 2))})
+            after = await client.post("/v1/completions", json={})
+        return first, swapped, after
+
+    first, swapped, after = asyncio.run(scenario())
+    assert first.status_code == 200 and [loaded["w"].tolist() for loaded in worker.loaded] == [[0.0]]
+    message = swapped.json()["error"]["message"]
+    assert swapped.status_code == 400 and "is not the file that was checked: it was replaced" in message, message
+    assert len(worker.loaded) == 1 and after.json()["weight_step"] == 1
 
 
 def transfer_setting(monkeypatch, ranks_per_server: int, timeout_s: float = 30) -> str:
@@ -670,7 +620,8 @@ def test_vllm_launch_sets_the_transfer_for_its_workers_or_refuses_in_one_line(tm
     def config(tp=1, dp=1, per_server=1):
         transfer = WeightTransferConfig(mode="distributed", address="127.0.0.1:1234", ranks_per_server=per_server,
                                         rank=1)
-        return InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}, "weight_transfer": transfer.model_dump(),
+        return InferenceConfig.build(overrides={"model": {"name": str(tmp_path)},
+                                                "weight_transfer": transfer.model_dump(),
                                                 "vllm": {"tensor_parallel_size": tp, "data_parallel_size": dp}})
 
     assert launch.transfer_env(InferenceConfig.build(overrides={"model": {"name": str(tmp_path)}})) == {}

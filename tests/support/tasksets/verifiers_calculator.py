@@ -1,6 +1,7 @@
 """A verifiers 0.4 tool taskset that the embedded `tiny-calculator` model actually calls: products `a*b` (the prompts
 of prime-rl's `calculator` environment, which that model was trained on) with a bare `multiply` tool, loaded by its
-verifiers id `verifiers_calculator` (the tests put `tests/support/tasksets/` on sys.path and the `rl` processes' PYTHONPATH). Importable only with the extra."""
+verifiers id `verifiers_calculator` (the tests put `tests/support/tasksets/` on sys.path and the `rl` processes'
+PYTHONPATH). Importable only with the extra."""
 
 from __future__ import annotations
 

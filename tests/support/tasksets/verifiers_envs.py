@@ -1,5 +1,6 @@
 """A verifiers 0.4 tool taskset for the tests, loaded by its verifiers id `verifiers_envs` (verifiers imports the
-taskset package by that name; the tests put `tests/support/tasksets/` on sys.path and the `rl` processes' PYTHONPATH). Importable only with the extra.
+taskset package by that name; the tests put `tests/support/tasksets/` on sys.path and the `rl` processes'
+PYTHONPATH). Importable only with the extra.
 
 The verifiers 0.4 counterpart of a 0.2 `ToolEnv`: a `Toolset` with one plain `@vf.tool` method, a task whose
 `toolsets` offers it, and a `@vf.reward` and `@vf.metric` on the finished trace. The prompts are reversed tool-call

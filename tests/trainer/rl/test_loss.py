@@ -366,7 +366,8 @@ def test_edge_cases_are_finite(variant):
         ),
         # Off-mask garbage (prompt tokens) must not leak into anything.
         "off_mask_garbage": float32_inputs(
-            [-1e4, -1.0, -0.5], [float("nan"), -1.2, float("inf")], [float("nan"), 1.0, 2.0], [3], mask=[False, True, False]
+            [-1e4, -1.0, -0.5], [float("nan"), -1.2, float("inf")], [float("nan"), 1.0, 2.0], [3],
+            mask=[False, True, False],
         ),
     }
     for name, inputs in cases.items():

@@ -31,7 +31,8 @@ def make_session(model_dir) -> SimpleNamespace:
     each rank's gradient is its micro-batches' share of the global step gradient)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     return SimpleNamespace(model=model, backward=lambda loss: loss.backward(),
-                           dist=SimpleNamespace(device=torch.device("cpu")), critic=None, sampled_vocab=None)  # fmt: skip
+                           dist=SimpleNamespace(device=torch.device("cpu")), critic=None,
+                           sampled_vocab=None)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from prime_rl.run_dir import resolve_resume_step, weights_dir
+from prime_rl.run_dir import RUN_LOCK, resolve_resume_step, weights_dir
 from prime_rl.trainer.ckpt import ckpt_dir
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import main, train
@@ -198,8 +198,9 @@ def test_non_finite_parameters_after_the_optimizer_step_stop_before_writing(tiny
 
 
 def files_state(out: Path) -> dict[str, tuple[int, int]]:
+    """Size and time of every run file (not the logs, nor the run lock a hand-started trainer takes)."""
     return {str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")
-            if p.is_file() and p.parts[len(out.parts)] != "logs"}
+            if p.is_file() and p.parts[len(out.parts)] != "logs" and p.name != RUN_LOCK}
 
 
 def test_flipped_bytes_in_a_checkpoint_shard_stop_the_resume_in_one_line(tiny_model_dir, tmp_path, capsys):

@@ -1,6 +1,6 @@
-"""Importance ratios under top-p / top-k / min-p: an on-policy run (in-process, max_async_level 0, fp32, builtin backend)
-has trainer logprobs equal to the server's at every step when the trainer scores tokens under the sampler's
-truncation, and visibly not when it uses the full softmax (`trainer.match_truncation = false`)."""
+"""Importance ratios under top-p / top-k / min-p: an on-policy run (in-process, max_async_level 0, fp32,
+builtin backend) has trainer logprobs equal to the server's at every step when the trainer scores tokens under
+the sampler's truncation, and visibly not when it uses the full softmax (`trainer.match_truncation = false`)."""
 
 from __future__ import annotations
 

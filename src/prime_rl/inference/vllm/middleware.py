@@ -1,14 +1,19 @@
 """ASGI middleware that vLLM's OpenAI server loads (`--middleware`): prime-rl's extra routes.
 
-- Every request first passes `guard.RequestGuard` with the launcher's `Policy` (API key
+- Every request first passes `guard.RequestGuard` with the launcher's `AccessPolicy` (API key
   on every route but /health, admin-endpoint Host and Content-Type checks, body cap).
 - `POST /update_weights {"path": ".../step_N"[, "step": N]}`: the directory must lie under
   an allowed root and fit the served model (`weight_check`: architecture, tensor names,
   shapes and dtypes against the directory vLLM started from, finite values); only then
   it waits for in-flight requests (new ones are held), loads the directory on every
   worker through `collective_rpc`, resets the prefix cache, answers `{"weight_step": N}`.
+  The update's files are opened once here and checked on their descriptors (`weights.py`); they stay
+  open until the update is answered. The workers read the tensors again, in their own processes, by the
+  files' real paths, and each worker refuses (before loading any) a file that is not the very one checked
+  here (`weights.open_pinned`: same device and inode, which cannot be reused while it is held open here).
   A LoRA adapter directory is checked by `adapter_check` and loaded through vLLM's dynamic
-  LoRA loading instead, then served under the model's name (`adapters.py`; untested on hardware).
+  LoRA loading instead, from a private copy of the checked files made through their descriptors (vLLM's
+  loader takes only a path), then served under the model's name (`adapters.py`; untested on hardware).
   A marker directory (`weights/step_N/transfer.json`, `weight_transfer.mode = "distributed"`): the
   workers joined the trainer's transfer group at startup (`TRANSFER_ENV`, the lifespan startup) and
   received the weights themselves (`worker.py`); the middleware polls them until each has an update
@@ -27,6 +32,8 @@
   `--logprobs-mode processed_logprobs` covers sampled tokens only), so a request that asks for
   them at a temperature other than 0 or 1 is a 400 (`prompt_logprobs_problem`) rather than
   an answer under the wrong distribution.
+- A request asking for more completion tokens than `max_request_tokens` (prompts x n x
+  max_tokens, `protocol.budget_overflow`) is a 400 before vLLM sees it.
 - prompt + max_tokens beyond the context is a 400, as with the builtin backend (vLLM
   itself clamps max_tokens to the room left). A max_tokens that alone fills the context
   is refused before generating; otherwise the prompt's length is known only from the
@@ -41,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -48,11 +56,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prime_rl.inference.adapter_check import is_adapter_dir, verify_adapter_dir
+from prime_rl.inference.access import AccessPolicy
+from prime_rl.inference.adapter_check import verify_adapter_dir
 from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
-from prime_rl.inference.policy import Policy
-from prime_rl.inference.protocol import UpdateWeightsRequest, context_overflow, parse_json
+from prime_rl.inference.protocol import UpdateWeightsRequest, budget_overflow, context_overflow, parse_json
 from prime_rl.inference.update import update_weights
 from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
 from prime_rl.inference.vllm.worker import (
@@ -64,9 +72,9 @@ from prime_rl.inference.vllm.worker import (
     transfer_result,
 )
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
+from prime_rl.inference.weights import WeightDir
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import ensure_logging, get_logger
-from prime_rl.utils.weight_transfer import is_marker_dir
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from update_timeout_s
@@ -92,6 +100,30 @@ def completion_limit(body: Any) -> tuple[int | None, bool]:
     single = "messages" in body or isinstance(prompt, str) or (
         isinstance(prompt, list) and all(isinstance(token, int) for token in prompt))
     return limit, single
+
+
+def prompt_count(body: dict) -> int:
+    """How many prompts a generate request holds: a batched `prompt` (a list of texts or of token-id lists)
+    holds several, anything else one."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not all(isinstance(token, int) for token in prompt):
+        return len(prompt)
+    return 1
+
+
+def budget_problem(body: Any, context_len: int | None, budget: int) -> str | None:
+    """Why a generate request asks for more completion tokens than `budget` (`protocol.budget_overflow`:
+    prompts x n x max_tokens, max_tokens unset counting as the context), or None (also for a body vLLM
+    will reject itself)."""
+    if not isinstance(body, dict):
+        return None
+    limit, _ = completion_limit(body)
+    n = body.get("n", 1)
+    if limit is None:
+        limit = context_len
+    if limit is None or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return None
+    return budget_overflow(prompt_count(body), n, limit, budget)
 
 
 def prompt_logprobs_problem(body: Any) -> str | None:
@@ -138,12 +170,13 @@ class PrimeRLMiddleware:
     def __init__(self, app):
         ensure_logging("inference")  # vLLM's process: our lines go to its stderr (the server's log)
         self.app = app
-        self.policy = Policy.from_env(os.environ)
+        self.access = AccessPolicy.from_env(os.environ)
         self.gate = WeightGate(step=0, timeout_s=float(os.environ.get(TIMEOUT_ENV, "600")))
         self.context_len = int(os.environ[CONTEXT_ENV]) if CONTEXT_ENV in os.environ else None
-        self.guarded = RequestGuard(self._route, self.policy)
+        self.guarded = RequestGuard(self._route, self.access)
         self.served_name = os.environ.get(SERVED_NAME_ENV)
         self.adapter: str | None = None  # the loaded LoRA adapter that requests for served_name get (adapters.py)
+        self.adapter_copy: Path | None = None  # the private copy of its files vLLM loaded it from
         self._reference: list[Reference | None] = []  # resolved on the first update
         self.transfer = os.environ.get(TRANSFER_ENV)  # the workers join the trainer's group at startup
         self.transfer_started = False
@@ -158,7 +191,7 @@ class PrimeRLMiddleware:
 
     async def _start_transfer(self, scope) -> None:
         """Every worker joins the trainer's weight transfer group (in a thread of its own: this returns at once)."""
-        model_dir = await asyncio.to_thread(checkpoint_dir, self.policy.model_dir)
+        model_dir = await asyncio.to_thread(checkpoint_dir, self.access.model_dir)
         ranks = await self._workers(scope, START_TRANSFER, self.transfer, str(model_dir) if model_dir else None)
         self.transfer_started = True
         log.info(f"vLLM workers joining the trainer's weight transfer group as ranks {ranks}")
@@ -204,7 +237,7 @@ class PrimeRLMiddleware:
 
     async def _body(self, receive) -> tuple[bytes, Any]:
         """The (already size-checked) body and its strict parse; ValueError names what is wrong."""
-        raw = await read_body(receive, self.policy.max_request_bytes)
+        raw = await read_body(receive, self.access.max_request_bytes)
         return raw, await asyncio.to_thread(parse_json, raw)
 
     async def _generate(self, scope, receive, send):
@@ -212,7 +245,8 @@ class PrimeRLMiddleware:
             raw, body = await self._body(receive)
         except ValueError as exc:
             return await send_error(send, 400, str(exc))
-        unanswerable = prompt_logprobs_problem(body)
+        unanswerable = prompt_logprobs_problem(body) or budget_problem(body, self.context_len,
+                                                                        self.access.max_request_tokens)
         if unanswerable:
             return await send_error(send, 400, unanswerable)
         max_tokens, single_prompt = completion_limit(body) if self.context_len is not None else (None, False)
@@ -243,38 +277,42 @@ class PrimeRLMiddleware:
         stamp_token_weight_steps(payload, step)
         return None
 
-    async def _checked(self, path: Path) -> None:
-        """Run `weight_check` (an adapter: `adapter_check`) on an update directory (in a thread: it reads
+    async def _checked(self, weights: WeightDir) -> None:
+        """Run `weight_check` (an adapter: `adapter_check`) on an update's open files (in a thread: it reads
         every tensor once)."""
         if not self._reference:
-            self._reference.append(await asyncio.to_thread(reference_of, self.policy.model_dir))
-        if not is_adapter_dir(path):
-            await asyncio.to_thread(verify_weight_dir, path, self._reference[0], False)
+            self._reference.append(await asyncio.to_thread(reference_of, self.access.model_dir))
+        if not weights.is_adapter:
+            await asyncio.to_thread(verify_weight_dir, weights, self._reference[0], False)
             return
-        adapter = await asyncio.to_thread(verify_adapter_dir, path, self._reference[0], False)
+        adapter = await asyncio.to_thread(verify_adapter_dir, weights, self._reference[0], False)
         if adapter.modules_to_save:
-            raise UserError(f"adapter in {path} saves {adapter.modules_to_save} in full (modules_to_save), which "
-                            "vLLM's LoRA adapters cannot carry: train with trainer.lora.merge = true")
+            raise UserError(f"adapter in {weights.path} saves {adapter.modules_to_save} in full (modules_to_save), "
+                            "which vLLM's LoRA adapters cannot carry: train with trainer.lora.merge = true")
 
-    async def _load(self, scope, path: Path, step: int) -> None:
-        """Load an update into vLLM (inside the gate): full weights on every worker, or a LoRA adapter
-        through vLLM's dynamic LoRA route; either way the previous adapter is unloaded."""
+    async def _load(self, scope, weights: WeightDir, step: int) -> None:
+        """Load an update into vLLM (inside the gate): full weights on every worker (pinned to the files checked
+        here), or a LoRA adapter through vLLM's dynamic LoRA route from a private copy of its checked files; either
+        way the previous adapter is unloaded and its copy removed."""
         engine = scope["app"].state.engine_client
-        previous, name = self.adapter, None
-        if is_adapter_dir(path):
-            name = adapter_name(step)
-            status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": name, "lora_path": str(path)})
+        previous, previous_copy, name, copy = self.adapter, self.adapter_copy, None, None
+        if weights.is_adapter:
+            name, copy = adapter_name(step), await asyncio.to_thread(weights.private_copy)
+            status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": name, "lora_path": str(copy)})
             if status != 200:
+                shutil.rmtree(copy, ignore_errors=True)
                 raise RuntimeError(f"vLLM refused the adapter ({status}): {answer.decode(errors='replace')[:300]}")
-        elif is_marker_dir(path):
+        elif weights.is_marker:
             await self._workers(scope, LOAD_PINNED, step)
         else:
-            await engine.collective_rpc(LOAD_DIR, args=(str(path),))
-        self.adapter = name
+            await engine.collective_rpc(LOAD_DIR, args=(str(weights.path), weights.pins()))
+        self.adapter, self.adapter_copy = name, copy
         if previous is not None and previous != name:
             status, answer = await call_app(self.app, scope, UNLOAD_PATH, {"lora_name": previous})
             if status != 200:
                 log.warning(f"could not unload LoRA adapter {previous} ({status}): {answer[:300]!r}")
+        if previous_copy is not None and previous_copy != copy:
+            shutil.rmtree(previous_copy, ignore_errors=True)
         await engine.reset_prefix_cache()
 
     async def _update(self, scope, receive, send):
@@ -290,7 +328,7 @@ class PrimeRLMiddleware:
             return await send_error(send, 400, f"invalid request: {exc.errors()[0]['msg']}")
         except ValueError as exc:
             return await send_error(send, 400, str(exc))
-        status, payload = await update_weights(body, VLLMLoader(self, scope), self.policy.weight_roots, self.gate)
+        status, payload = await update_weights(body, VLLMLoader(self, scope), self.access.weight_roots, self.gate)
         await send_json(send, status, payload)
 
 
@@ -304,13 +342,13 @@ class VLLMLoader:
     def __init__(self, middleware: PrimeRLMiddleware, scope):
         self.middleware, self.scope = middleware, scope
 
-    async def stage(self, path: Path, step: int) -> tuple[int, Path]:
-        if is_marker_dir(path):
-            return await self.middleware._pin(self.scope, path, step), path
-        await self.middleware._checked(path)
-        return step, path
+    async def stage(self, weights: WeightDir, step: int) -> tuple[int, WeightDir]:
+        if weights.is_marker:
+            return await self.middleware._pin(self.scope, weights.path, step), weights
+        await self.middleware._checked(weights)
+        return step, weights
 
-    async def apply(self, staged: Path, step: int) -> None:
+    async def apply(self, staged: WeightDir, step: int) -> None:
         await self.middleware._load(self.scope, staged, step)
 
 

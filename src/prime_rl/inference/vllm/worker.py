@@ -5,7 +5,11 @@ vLLM mixes this class into each of its workers (`--worker-extension-cls`); the A
 `engine_client.collective_rpc(method, args=...)`, which runs the method on every worker (each tensor-parallel
 rank loads its own shard from the full tensors) and returns their results in rank order.
 
-Weights from a directory: `load_weights_from_dir(path)`.
+Weights from a directory: `load_weights_from_dir(path, pins)`: the middleware checked the directory's files on
+descriptors it holds open, and `pins` names each tensor file by its real path, device and inode
+(`weights.WeightDir.pins`); the worker opens them again and refuses, before it loads anything, any that is not the
+very file checked (a rename in between cannot redirect the read). A worker on another host (its device numbers
+differ) cannot load from a directory.
 
 Weights over the transfer group (`weight_transfer.mode = "distributed"`, `utils/weight_transfer.py`): every
 worker is a rank of the trainer's group, `weight_transfer.rank` + its tensor-parallel rank, and receives every
@@ -35,6 +39,7 @@ import torch
 
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.inference.weight_check import Reference, iter_tensors, verify_tensors
+from prime_rl.inference.weights import open_pinned
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import ensure_logging
 
@@ -88,10 +93,12 @@ def transfer_result(answers: list) -> list:
 class WeightDirWorkerExtension:
     """Methods added to vLLM's worker (`self` is the worker)."""
 
-    def load_weights_from_dir(self, path: str) -> None:
+    def load_weights_from_dir(self, path: str, pins: list) -> None:
         """Replace the served weights by the HF-format checkpoint in `path` (the middleware checked it:
-        `weight_check`); only its safetensors are read."""
-        self._prime_reload(iter_tensors(path))
+        `weight_check`); only its safetensors are read, each the very file the middleware checked (`pins`,
+        `weights.open_pinned`: all opened and compared before any tensor loads)."""
+        with open_pinned(path, pins) as weights:
+            self._prime_reload(iter_tensors(weights))
 
     @reported
     def start_weight_transfer(self, config_json: str, model_dir: str | None) -> int:

@@ -1,68 +1,18 @@
-"""Every policy loss of prime-rl, written to be read next to its paper (docs/losses.md).
+"""Every policy loss of prime-rl, written to be read next to its paper.
 
-Inputs
-------
-One packed micro-batch is flat over its T tokens (`LossInputs`): trainer logprobs `lp`
-(differentiable), inference logprobs `lq`, advantages `A`, a bool `loss_mask` (the *trained*
-tokens) and `sample_lens` (lengths of the packed samples, summing to T). Tokens outside the
-mask never reach the math: their log ratio is set to 0 and their advantage to 0 first, so
-garbage there (prompt tokens, padding) cannot produce NaN.
+The math is defined once, in docs/losses.md: notation, the normalizations ("Normalization"), what an
+extreme or infinite ratio does ("Robustness": `log r` clamped to +-`LOG_RATIO_BOUND` before any exp,
+tokens with an infinite ratio dropped), every variant and every metric ("Metrics", docs/metrics.md).
+This module implements it:
 
-Notation: `log r = lp - lq`, `r = exp(log r)`, `sg` = stop-gradient (`.detach()`),
-`T_i` = trained tokens of sample i, `N` = samples in the step, `L` = `max_tokens`.
-
-Extreme and infinite ratios (on trained tokens)
------------------------------------------------
-- `log r` is clamped to [-B, B], B = `LOG_RATIO_BOUND` = 20, before any `exp`: r stays in
-  [2e-9, 4.9e8] and cannot overflow float32. Inside the bound everything is exact; beyond it
-  r is the constant e^(+-B) (the clamp passes no gradient), so a clipped branch's gradient is
-  exactly 0 instead of 0 * inf = NaN. Counted in `loss/ratio_clamped_frac`.
-- `lp = -inf` or `lq = -inf` (the trainer or the sampler gave the token probability 0): the
-  ratio is 0 or infinite and no variant defines a gradient for it, so the token is dropped
-  (no loss, no gradient, left out of every per-token metric) but still counts in the
-  normalization denominators, which are fixed before the trainer's logprobs exist. Counted
-  in `loss/nonfinite_ratio_frac`. NaN logprobs are corrupt input and are not hidden: the
-  loss becomes NaN and the trainer stops on the non-finite loss.
-
-Normalization (how a variant's per-token losses `l_t` become the step loss)
----------------------------------------------------------------------------
-- `token`:       sum_t l_t / (trained tokens of the whole step, all micro-batches and ranks)
-- `sequence`:    (1/N) sum_i (1/T_i) sum_{t in i} l_t, N = samples with a trained token
-- `token_local`: (1/M) sum_m [sum_{t in m} l_t / (trained tokens of micro-batch m)], M = micro-batches
-                 of the step (all ranks) with at least one trained token: padding micro-batches do
-                 not count, but the value still depends on how samples are packed into micro-batches
-- `constant`:    sum_t l_t / (N * L)
-
-`build_loss(config)(inputs, scale)` returns one micro-batch's contribution, already divided
-by the step's denominators in `LossScale`, so that the step loss is the plain SUM of the
-contributions of all micro-batches on all ranks (backward each one; gradients accumulate).
-A variant that needs a statistic of the whole step (is_reshape: the variance of log r) reads
-it from `LossScale.log_ratio_moments`, filled by a no-grad pre-pass (`Loss.needs_log_ratio_moments`).
-
-Metrics
--------
-Every metric of a micro-batch is a float64 tensor `[sum, count]`: the token-sum of the
-quantity over the micro-batch's trained tokens and the number of tokens summed (a few
-per-call scalars, e.g. `loss/gamma_base`, are `[value, 1]`). Sums of these pairs are exact
-across micro-batches and ranks: stack them, `all_reduce(SUM)`, divide (`reduce_metrics`
-does the sum and division for a list of dicts). Keys (all variants unless noted):
-
-- `loss/importance_ratio`  mean r (of the clamped log r, so always finite)
-- `loss/soft_gate_weight`  mean of min(w_t, 1), w_t = the per-token gradient weight relative to
-  the plain IS gradient `r * Â * grad lp` (Â = the variant's advantage, A unless shaped): 1
-  unclipped, 0 clipped or masked, SAPO `4p(1-p)`, CISPO `clip(r)/r`, GSPO `s_i/r`, IS reshape
-  `gamma*w_g/r`, FIPO `f_t` times the DAPO weight, default with sequence ratio `r_seq/r`. When the
-  per-token loss is summed (token normalization with one token as denominator),
-  `grad_t = -w_t * r_t * Â_t`. w_t is unbounded above where r is small, so the mean is of
-  min(w_t, 1), in [0, 1] for every variant; `loss/soft_gate_amplified_frac` counts w_t > 1.
-  w_t is 0 where |log r| > B: the clamp passes no gradient (CISPO and gspo_token excepted: their gradient
-  reaches lp directly).
-- `loss/mismatch_kl`       mean (r - log r - 1), the k3 estimate of KL(inference || trainer)
-- `loss/clip_frac_low`, `loss/clip_frac_high`  fraction of tokens whose gradient a lower/upper
-  bound removed or capped (a hard mask or clip; 0 for variants without bounds)
-- `loss/ratio_clamped_frac`, `loss/nonfinite_ratio_frac`  see "Extreme and infinite ratios"
-- `loss/entropy` (when entropies are given), `loss/kl_ref` (when kl_coef > 0), `loss/teacher_kl`
-  (when teacher logprobs are given) and each variant's own (see docs/losses.md).
+- `token_view(inputs)`: one packed micro-batch (`LossInputs`, flat over its T tokens) as the `TokenView`
+  a variant reads, tokens outside the loss mask set to log r = 0 and A = 0 before any math;
+- the variants, `fn(cfg, view: TokenView) -> PolicyTerm` each (per-token loss, gate, clip flags and
+  its own metrics), registered with `@LOSSES.implements(ItsConfig)` (docs/losses.md "Writing a
+  variant: the contract"; a custom loss may use the same contract);
+- `build_loss(config)(inputs, scale)`: one micro-batch's contribution, already divided by the step's
+  denominators in `LossScale`, so the step loss is the plain sum over micro-batches and ranks;
+- metrics as float64 `[sum, count]` pairs (`reduce_metrics`), exact across micro-batches and ranks.
 """
 
 from __future__ import annotations

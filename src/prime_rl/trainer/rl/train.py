@@ -3,10 +3,10 @@
     trainer @ trainer.toml [--key value ...]                                   # one process
     torchrun --nproc-per-node K -m prime_rl.trainer.rl.train @ trainer.toml    # K ranks
 
-Step N (0-based) reads `rollouts/step_N/rank_R.pt`; under a token-level advantage type
-(`reinforce_plus_plus`, `gae`) it first turns the batch's rewards into per-token advantages
-(`token_advantage.py`; `gae` with the critic's values: `critic.py`, `value_head.py`), under a group type with
-`kl_in_reward` it recomputes the group advantages from rewards minus the KL (`group_kl.py`). It then computes trainer
+Step N (0-based) reads `rollouts/step_N/rank_R.pt`; under an advantage type computed in the trainer
+(`reinforce_plus_plus`, `gae`) it first turns the batch's rewards into per-token advantages, under a group type
+with `kl_in_reward` it recomputes the group advantages from rewards minus the KL (`advantage.py`; `gae` with the
+critic's values: `critic.py`, `value_head.py`). It then computes trainer
 logprobs under the batch's sampling rule (temperature and truncation), the configured loss over
 all micro-batches with a global `LossScale`, takes `update_epochs` optimizer steps on it (the
 loss metrics logged are the last pass's, so with several passes they show the policy's drift
@@ -21,29 +21,25 @@ from dataclasses import replace
 
 import torch
 
-from prime_rl.configs.advantage import AdvantageConfig
 from prime_rl.configs.cli import run_main
 from prime_rl.trainer.config import TrainerConfig
-from prime_rl.trainer.critic import ValueTargets, value_loss, value_metrics
+from prime_rl.trainer.critic import ValueTargets, value_loss
 from prime_rl.trainer.data import wait_for_batch
-from prime_rl.trainer.dist import all_gather_rows, all_reduce_pairs, all_reduce_sum, destroy
+from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_logprobs, compute_logprobs_and_hidden, load_model, prepare_model
-from prime_rl.trainer.rl.group_kl import group_advantages, sample_table
+from prime_rl.trainer.rl.advantage import step_advantages
 from prime_rl.trainer.rl.loss import (
     Loss,
     LossInputs,
     LossScale,
     build_loss,
-    kl_estimate,
     log_ratio_moments,
     reduce_metrics,
     scale_counts,
 )
-from prime_rl.trainer.rl.token_advantage import gae, moments, token_rewards, whiten
 from prime_rl.trainer.session import TrainSession
-from prime_rl.trainer.value_head import ValueHead
+from prime_rl.trainer.value_head import ValueHeadCritic
 from prime_rl.utils.batch_format import MicroBatch, RankBatch
-from prime_rl.utils.errors import UserError
 from prime_rl.utils.sampling_rule import SamplingRule
 
 
@@ -85,7 +81,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
     Tokens are scored under the batch's sampling rule (temperature, and its truncation when
     `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
-    With a value head (`session.critic` a `ValueHead`; `targets`: V_old and G) each micro-batch's loss is the
+    With a value head (`session.critic` a `ValueHeadCritic`; `targets`: V_old and G) each micro-batch's loss is the
     joint L_policy + c_V * L_V, V read from the same forward's final hidden states (`value_head.py`).
     """
     rule = scoring_rule(batch, match_truncation, session.sampled_vocab)
@@ -96,7 +92,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
                 lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
                 moments += log_ratio_moments(loss_inputs(mb, lp, None, None))
         scale = scale.with_log_ratio_moments(all_reduce_sum(moments.tolist(), session.dist.device))
-    head = session.critic if isinstance(session.critic, ValueHead) else None
+    head = session.critic if isinstance(session.critic, ValueHeadCritic) else None
     loss_sum, policy_sum = 0.0, 0.0
     pairs: list[dict[str, torch.Tensor]] = []
     for i, mb in enumerate(batch.micro_batches):
@@ -135,101 +131,6 @@ def scoring_rule(batch: RankBatch, match_truncation: bool, vocab: int | None = N
     return replace(rule, vocab=vocab)
 
 
-def check_advantage_type(batch: RankBatch, advantage: AdvantageConfig) -> None:
-    """The orchestrator's advantage type (in the batch) must be the trainer's when either is token-level: else
-    the trainer would train on the orchestrator's zero placeholders, or compute another type's advantages."""
-    theirs = batch.advantage  # None in files of older versions
-    with_rewards = any(mb.rewards is not None or mb.sample_rewards is not None  # the orchestrator left them to us
-                       for mb in batch.micro_batches)
-    if theirs != advantage.type and (advantage.token_level or advantage.group_kl or with_rewards):
-        named = f"type '{theirs}'" if theirs is not None else "an unrecorded type"
-        raise UserError(f"step {batch.step}: the orchestrator computed advantages of {named} but the trainer runs "
-                        f"'{advantage.type}': give both the same advantage type (rl hands it down)")
-    folded = any(mb.sample_groups is not None for mb in batch.micro_batches)  # a group type's kl_in_reward
-    if not advantage.token_level and folded != advantage.group_kl:
-        raise UserError(f"step {batch.step}: the orchestrator {'runs' if folded else 'does not run'} "
-                        f"advantage.kl_in_reward but the trainer {'does not' if folded else 'does'}: give both the "
-                        "same advantage settings (rl hands them down)")
-
-
-def reference_kl(mb: MicroBatch, kind: str, ref_model: torch.nn.Module | None,
-                 rule: SamplingRule) -> tuple[torch.Tensor, torch.Tensor]:
-    """(KL_t [T] float64 on trained tokens, 0 elsewhere; lref) of one micro-batch: the `kind` (k1/k3) estimate
-    between the sampler's logprobs and the reference model's (the batch's `ref_logprobs` when it has them)."""
-    lref = mb.ref_logprobs
-    if lref is None:
-        with torch.no_grad():
-            lref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)[0].cpu()
-    return kl_estimate(mb.inference_logprobs.double(), lref.double(), kind) * mb.loss_mask, lref
-
-
-def group_kl_batch(session: TrainSession, batch: RankBatch, advantage: AdvantageConfig,
-                   ref_model: torch.nn.Module | None, rule: SamplingRule) -> tuple[RankBatch, dict[str, float]]:
-    """The batch with the group type's advantages recomputed from rewards minus the KL to the reference
-    (`group_kl.py`; every rank's samples gathered), and the step's mean KL per trained token."""
-    tables, kls, refs = [], [], []
-    for mb in batch.micro_batches:
-        if mb.sample_groups is None or mb.sample_rewards is None:
-            raise UserError(f"step {batch.step}: advantage.kl_in_reward needs the batch's sample groups and rewards, "
-                            "which this batch lacks (the orchestrator must run the same advantage settings)")
-        kl, lref = reference_kl(mb, advantage.kl_in_reward, ref_model, rule)
-        kl_sums = torch.segment_reduce(kl, "sum", lengths=mb.sample_lens)
-        tables.append(sample_table(mb.sample_groups, mb.sample_rewards, kl_sums))
-        kls.append(kl), refs.append(lref)
-    device = session.dist.device
-    ours = group_advantages(all_gather_rows(torch.cat(tables), device), advantage)[session.dist.rank]
-    micro_batches = []
-    for mb, a, ref in zip(batch.micro_batches, torch.split(ours, [t.shape[0] for t in tables]), refs, strict=True):
-        per_segment = torch.zeros(mb.sample_lens.shape, dtype=torch.float64)
-        per_segment[mb.sample_groups >= 0] = a
-        tokens = torch.repeat_interleave(per_segment, mb.sample_lens) * mb.loss_mask
-        micro_batches.append(replace(mb, advantages=tokens.float(), ref_logprobs=ref))
-    kl_sum, count = all_reduce_sum([float(sum(k.sum() for k in kls)),
-                                    float(sum(mb.num_loss_tokens for mb in batch.micro_batches))], device)
-    return replace(batch, micro_batches=micro_batches), {"advantage/kl_in_reward": kl_sum / max(count, 1.0)}
-
-
-def token_level_advantages(session: TrainSession, batch: RankBatch, advantage: AdvantageConfig,
-                           ref_model: torch.nn.Module | None, rule: SamplingRule
-                           ) -> tuple[RankBatch, ValueTargets, dict[str, float]]:
-    """The batch with each micro-batch's advantages replaced by the token-level type's (`token_advantage`:
-    rewards, the KL to the reference with `kl_in_reward`, the critic's V_old for `gae`, whitened over the
-    step), V_old and the returns G per micro-batch (the critic's targets), and the step's advantage metrics."""
-    values, returns, rows, masks, kls, refs = [], [], [], [], [], []
-    lam = advantage.lam if advantage.type == "gae" else 1.0
-    for mb in batch.micro_batches:
-        if mb.rewards is None:
-            raise UserError(f"step {batch.step}: advantage type '{advantage.type}' needs the batch's rewards, which "
-                            "this batch lacks (the orchestrator must run the same advantage type)")
-        mask = mb.loss_mask
-        kl = None
-        if advantage.kl_in_reward is not None:
-            kl, lref = reference_kl(mb, advantage.kl_in_reward, ref_model, rule)
-            kls.append(kl)
-        if session.critic is not None:
-            with torch.no_grad():
-                value = session.critic.values(mb).double().cpu() * mask
-        else:
-            value = torch.zeros(mb.num_tokens, dtype=torch.float64)
-        a, g = gae(token_rewards(mb.rewards, mask, kl, advantage.kl_coef), value, mask, mb.sample_lens,
-                   advantage.gamma, lam)
-        rows.append(a), values.append(value), returns.append(g), masks.append(mask)
-        refs.append(lref if kl is not None else mb.ref_logprobs)  # the loss's KL term reuses them
-    device = session.dist.device
-    raw = all_reduce_sum(moments(rows, masks), device)
-    metrics = {"advantage/token_mean": raw[0] / max(raw[2], 1.0)}
-    if kls:
-        (kl_sum,) = all_reduce_sum([float(sum(k.sum() for k in kls))], device)
-        metrics["advantage/kl_in_reward"] = kl_sum / max(raw[2], 1.0)
-    if advantage.type == "reinforce_plus_plus" or advantage.whiten:
-        rows = whiten(rows, masks, raw)
-    if session.critic is not None:
-        metrics |= value_metrics(values, returns, masks, device)
-    micro_batches = [replace(mb, advantages=a.float(), ref_logprobs=ref)
-                     for mb, a, ref in zip(batch.micro_batches, rows, refs, strict=True)]
-    return replace(batch, micro_batches=micro_batches), ValueTargets(values, returns, raw[2]), metrics
-
-
 def train(config: TrainerConfig) -> None:
     # Dropout off: the loss's logprobs must be those of the policy the server sampled from (docs/trainer.md#lora).
     session = TrainSession(config, "trainer", dropout=False)
@@ -248,25 +149,19 @@ def train(config: TrainerConfig) -> None:
             start = time.perf_counter()
             scale = step_scale(batch, session.dist.device)
             lr = session.lr
-            token_metrics, critic_metrics = {}, {}
-            check_advantage_type(batch, config.advantage)
+            critic_metrics = {}
             rule = scoring_rule(batch, config.match_truncation, session.sampled_vocab)
-            targets = None
-            if config.advantage.token_level:
-                batch, targets, token_metrics = token_level_advantages(session, batch, config.advantage, ref_model,
-                                                                       rule)
-            elif config.advantage.group_kl:
-                batch, token_metrics = group_kl_batch(session, batch, config.advantage, ref_model, rule)
+            batch, targets, advantage_metrics = step_advantages(session, batch, config.advantage, ref_model, rule)
             for _ in range(config.update_epochs):
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
                                                      config.match_truncation, targets)
                 grad_norm = session.optimizer_step(step, total_loss)
-                if isinstance(session.critic, ValueHead):  # its value loss was in the joint backward
+                if isinstance(session.critic, ValueHeadCritic):  # its value loss was in the joint backward
                     critic_metrics = {"value/grad_norm": session.critic.step(step, total_loss)}
                 elif session.critic is not None:
                     critic_metrics = session.critic.train_epoch(batch.micro_batches, targets,
                                                                 session.dist.world_size, step)
-            metrics |= token_metrics | critic_metrics
+            metrics |= advantage_metrics | critic_metrics
             session.scheduler.step()
             step_time = time.perf_counter() - start
             tokens = sum(mb.num_tokens for mb in batch.micro_batches) * config.update_epochs

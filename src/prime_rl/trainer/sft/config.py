@@ -66,6 +66,7 @@ class SFTConfig(TrainingConfig):
     """sft: supervised fine-tuning on chat data (loss on assistant tokens only)."""
 
     command = "sft"
+    run_lock = "exclusive"
 
     data: SFTDataConfig = Field(default_factory=lambda: SFTDataConfig(env="reverse-text"))
     """Training data."""

@@ -30,14 +30,17 @@ Messages = list[dict[str, str]]
 
 
 @dataclass
-class Sample:
+class SFTExample:
+    """One tokenized SFT conversation: its ids and which of them train (the assistant tokens). Not the
+    orchestrator's `batch.Sample`, a rollout sample of the RL batch file."""
+
     input_ids: list[int]
     loss_mask: list[bool]
 
 
 @dataclass
 class Row:
-    """One packed row: samples end to end; position ids restart per sample."""
+    """One packed row: examples end to end; position ids restart per example."""
 
     input_ids: torch.Tensor  # long [T]
     position_ids: torch.Tensor  # long [T]
@@ -110,18 +113,22 @@ def skip(stream: Iterator, n: int) -> Iterator:
 # ------------------------------------------------------------------------------ tokenize
 
 
-def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages,
-                          template_kwargs: dict[str, Any] | None = None) -> Sample:
-    """Token ids of the whole conversation and the mask of the assistant tokens that train.
+def sft_chat(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict[str, Any] | None = None) -> ChatTokens:
+    """The chat renderer of a run's conversations (made once per run: it checks the template variables and finds
+    the end-of-turn tokens); UserError when the tokenizer has no chat template."""
+    if tokenizer.chat_template is None:
+        raise UserError("the tokenizer has no chat template; SFT needs one to find the assistant tokens")
+    return ChatTokens(tokenizer, template_kwargs)
+
+
+def tokenize_conversation(chat: ChatTokens, messages: Messages) -> SFTExample:
+    """Token ids of the whole conversation and the mask of the assistant tokens that train (`chat`: `sft_chat`).
 
     Built turn by turn as a multi-turn rollout is (`utils.chat_tokens`): the first prompt, then each assistant
     turn as the template renders a last turn (its reasoning and tool calls included: "as the data says"), then
     the template's text up to the next assistant turn. Earlier turns stay in the context of later ones as they
     were trained, the way token-exact multi-turn RL keeps what was sampled. A turn trains through its last
     end-of-turn token (the template's closer); `"train": false` on an assistant message keeps it as context only."""
-    if tokenizer.chat_template is None:
-        raise UserError("the tokenizer has no chat template; SFT needs one to find the assistant tokens")
-    chat = ChatTokens(tokenizer, template_kwargs)
     turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
     if not any(messages[i].get("train") is not False for i in turns):
         raise UserError("an SFT conversation has no assistant message to train on")
@@ -138,43 +145,43 @@ def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: Messages
             tail = chat.reply_ids(messages[:i + 1], messages[i + 1:turns[k + 1]], [], turn[end - 1] if end else None)
             ids += tail
             mask += [False] * len(tail)
-    return Sample(ids, mask)
+    return SFTExample(ids, mask)
 
 
 # ------------------------------------------------------------------------------ pack
 
 
-def pack(samples: list[Sample], seq_len: int) -> list[Row]:
-    """Greedy packing in order: a sample joins the current row while it fits, else starts a new one.
+def pack(examples: list[SFTExample], seq_len: int) -> list[Row]:
+    """Greedy packing in order: an example joins the current row while it fits, else starts a new one.
 
-    Samples longer than `seq_len` are truncated to it (their tail does not train).
+    Examples longer than `seq_len` are truncated to it (their tail does not train).
     """
-    rows: list[list[Sample]] = []
-    used = seq_len  # forces a new row for the first sample
-    for sample in samples:
-        n = min(len(sample.input_ids), seq_len)
-        sample = Sample(sample.input_ids[:n], sample.loss_mask[:n])
+    rows: list[list[SFTExample]] = []
+    used = seq_len  # forces a new row for the first example
+    for example in examples:
+        n = min(len(example.input_ids), seq_len)
+        example = SFTExample(example.input_ids[:n], example.loss_mask[:n])
         if used + n > seq_len:
             rows.append([])
             used = 0
-        rows[-1].append(sample)
+        rows[-1].append(example)
         used += n
     return [make_row(row) for row in rows]
 
 
-def make_row(samples: list[Sample]) -> Row:
-    lens = [len(s.input_ids) for s in samples]
+def make_row(examples: list[SFTExample]) -> Row:
+    lens = [len(e.input_ids) for e in examples]
     return Row(
-        input_ids=torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.long),
+        input_ids=torch.tensor([t for e in examples for t in e.input_ids], dtype=torch.long),
         position_ids=torch.cat([torch.arange(n) for n in lens]),
         sample_lens=torch.tensor(lens, dtype=torch.long),
-        loss_mask=torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.bool),
+        loss_mask=torch.tensor([m for e in examples for m in e.loss_mask], dtype=torch.bool),
     )
 
 
 def padding_row(pad_id: int) -> Row:
     """A one-token row that trains nothing: ranks with fewer rows run it so every rank does the same forwards."""
-    return make_row([Sample([pad_id], [False])])
+    return make_row([SFTExample([pad_id], [False])])
 
 
 def rows_for_rank(rows: list[Row], rank: int, world_size: int, pad_id: int) -> list[Row]:

@@ -25,7 +25,15 @@ from prime_rl.trainer.dist import all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_rows_logprobs
 from prime_rl.trainer.session import TrainSession
 from prime_rl.trainer.sft.config import SFTConfig
-from prime_rl.trainer.sft.data import Row, conversation_stream, pack, rows_for_rank, skip, tokenize_conversation
+from prime_rl.trainer.sft.data import (
+    Row,
+    conversation_stream,
+    pack,
+    rows_for_rank,
+    sft_chat,
+    skip,
+    tokenize_conversation,
+)
 from prime_rl.trainer.sft.eval import evaluate
 from prime_rl.utils.run_report import SFT_PLOTTED, MetricsTail, sft_summary_lines, write_plot
 from prime_rl.utils.sampling_rule import SamplingRule
@@ -59,11 +67,11 @@ def train(config: SFTConfig) -> None:
     tokenizer, info = session.tokenizer, session.dist
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stream = skip(conversation_stream(config.data, config.seed), session.start_step * config.batch_size)
+    chat = sft_chat(tokenizer, config.data.chat_template_kwargs)
     try:
         for step in range(session.start_step, config.max_steps):
             start = time.perf_counter()
-            samples = [tokenize_conversation(tokenizer, m, config.data.chat_template_kwargs)
-                       for m in islice(stream, config.batch_size)]
+            samples = [tokenize_conversation(chat, m) for m in islice(stream, config.batch_size)]
             rows = pack(samples, config.seq_len)
             mine = rows_for_rank(rows, info.rank, info.world_size, pad_id)
             lr = session.lr

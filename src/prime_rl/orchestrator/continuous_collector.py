@@ -1,4 +1,5 @@
-"""Continuous rollouts (`rollout_mode = "continuous"`): generation never stops at a step boundary.
+"""Continuous rollouts (`rollout_mode = "continuous"`, PipelineRL-style): generation never stops at a step
+boundary.
 
 A producer keeps up to `client.max_concurrency` group requests (one prompt, `n` completions)
 in flight. Each step's batch takes finished, scored groups in the order they finish. New
@@ -21,20 +22,22 @@ to `1 + dynamic_sampling_max_rounds` batches' worth of finished groups per step;
 step trains on what it has (as step mode's dynamic sampling does), so a task where every
 group ties cannot stall the run.
 Groups in flight at a checkpoint are not in it: a resumed run skips their prompts.
+
+`ContinuousCollector` is the continuous `RolloutCollector` (`orchestrator/collector.py`): built from the same
+collaborators as the step-wise one, it owns only its producer (the requests in flight, the queue of finished
+groups, the request count that seeds them) and its idle clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
-from prime_rl.orchestrator.advantage import compute_advantages, zero_groups
-from prime_rl.orchestrator.rollouts import Draw, Group, generate_groups, request_seed
+from prime_rl.orchestrator.collector import Collaborators, Collected, tokens_per_s
+from prime_rl.orchestrator.config import OrchestratorConfig
+from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.rollouts import Group, request_seed
 from prime_rl.utils.logging import get_logger
-
-if TYPE_CHECKING:
-    from prime_rl.orchestrator.orchestrator import Orchestrator
 
 POLL_S = 0.05  # how often a waiting batch also looks for new weights
 log = get_logger("orchestrator")
@@ -59,30 +62,41 @@ class IdleClock:
         return self.total + (time.monotonic() - self.since if self.since is not None else 0.0)
 
 
-class ContinuousRollouts:
-    def __init__(self, orch: Orchestrator):
-        self.orch = orch
-        c = orch.config
-        self.group_size = c.rollouts_per_example
-        self.needed = c.batch_size // c.rollouts_per_example
+class ContinuousCollector:
+    """The continuous `RolloutCollector` (module docstring), from its `Collaborators`. Of `config` it reads the
+    seed, how a batch fills (batch_size, rollouts_per_example, filter_zero_advantage, dynamic_sampling_max_rounds),
+    the lag bound (max_async_level) and how many requests may be in flight (client.max_concurrency)."""
+
+    def __init__(self, parts: Collaborators, config: OrchestratorConfig):
+        self.parts = parts
+        self.seed = config.seed
+        self.needed = config.batch_size // config.rollouts_per_example
+        self.most = self.needed * (1 + config.dynamic_sampling_max_rounds)  # finished groups a batch may look at
+        self.filtering = config.filter_zero_advantage
+        self.max_async_level = config.max_async_level
+        self.max_concurrency = config.client.max_concurrency
         self.finished: asyncio.Queue[Group | BaseException] = asyncio.Queue()
         self.in_flight = 0
         self.requests = 0  # seeds: a running count
         self.tasks: set[asyncio.Task] = set()
         self.clock = IdleClock()
+        self.waited = 0.0  # for weights before the step's evaluation (`prepare`)
+
+    async def prepare(self, step: int, evaluating: bool) -> None:
+        # The batch's own requests load weights as they go (`collect`); evaluation rollouts keep the lag bound too.
+        self.waited = await self.parts.sync.ensure(step) if evaluating else 0.0
 
     def expected_step(self, step: int, kept: int) -> int:
         """The step a group started now would land in."""
         return step + (kept + self.in_flight + self.finished.qsize()) // self.needed
 
     def top_up(self, step: int, kept: int) -> None:
-        c = self.orch.config
-        while self.in_flight < c.client.max_concurrency:
+        while self.in_flight < self.max_concurrency:
             target = self.expected_step(step, kept)
-            if self.orch.sync.served_step < target - c.max_async_level:
+            if self.parts.sync.served_step < target - self.max_async_level:
                 return  # its tokens would be too old for its batch: wait for newer weights
-            (draw,) = self.orch.source.draw(1)
-            self.start(draw, request_seed(c.seed, target, self.requests))
+            (draw,) = self.parts.source.draw(1)
+            self.start(draw, request_seed(self.seed, target, self.requests))
             self.requests += 1
 
     def start(self, draw: Draw, seed: int) -> None:
@@ -95,9 +109,7 @@ class ContinuousRollouts:
 
     async def one(self, draw: Draw, seed: int) -> None:
         try:
-            (item,) = await generate_groups(self.orch.client, [draw], self.group_size, self.orch.config.sampling.rule,
-                                            self.orch.settings,
-                                            [seed], self.orch.conversations)
+            (item,) = await self.parts.generator.generate([draw], [seed])
         except Exception as exc:  # raised by the batch that takes it
             item = exc
         self.in_flight -= 1
@@ -107,22 +119,20 @@ class ContinuousRollouts:
 
     def is_stale(self, group: Group, step: int) -> bool:
         oldest = min(group.result.policy_step(c) for c in group.result.completions)
-        return step - oldest > self.orch.config.max_async_level
+        return step - oldest > self.max_async_level
 
-    async def collect(self, step: int) -> tuple[list[Group], list[Group], dict[str, float]]:
-        """(the groups that finished for this batch, the ones that train, metrics): fills the batch of `step`."""
-        c = self.orch.config
+    async def collect(self, step: int) -> Collected:
+        """Fills the batch of `step` with the groups that finish for it (module docstring)."""
         start, idle_before = time.monotonic(), self.clock.read()
         groups: list[Group] = []
         kept: list[Group] = []
         stale = 0
         waited = 0.0
-        most = self.needed * (1 + c.dynamic_sampling_max_rounds)  # finished groups a batch may look at
-        while len(kept) < self.needed and len(groups) < most:
-            await self.orch.sync.load_newest(at_most=step)
+        while len(kept) < self.needed and len(groups) < self.most:
+            await self.parts.sync.load_newest(at_most=step)
             self.top_up(step, len(kept))
             if self.in_flight == 0 and self.finished.empty():
-                waited += await self.orch.sync.ensure(step)  # blocked by the trainer
+                waited += await self.parts.sync.ensure(step)  # blocked by the trainer
                 continue
             try:
                 item = await asyncio.wait_for(self.finished.get(), POLL_S)
@@ -134,8 +144,7 @@ class ContinuousRollouts:
                 stale += 1
                 continue
             groups.append(item)
-            rewards = self.orch.rewards([item])
-            if c.filter_zero_advantage and bool(zero_groups(compute_advantages(c.advantage, rewards))[0]):
+            if self.filtering and self.parts.advantages.zero([item])[0]:
                 continue
             kept.append(item)
         if len(kept) < self.needed:
@@ -143,16 +152,15 @@ class ContinuousRollouts:
                         "nonzero advantage (at most 1 + dynamic_sampling_max_rounds batches' worth are looked at)")
         elapsed = time.monotonic() - start
         idle = self.clock.read() - idle_before
-        self.orch.generation_s += elapsed - idle
-        self.orch.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.result.completions)
         metrics = {
-            "perf/wait_for_weights_s": waited,
+            "perf/wait_for_weights_s": waited + self.waited,
             "async/stale_groups": float(stale),
             "async/inference_idle_frac": min(1.0, idle / max(elapsed, 1e-9)),
+            "perf/inference_tokens_per_s": tokens_per_s(groups, elapsed - idle),
         }
-        return groups, kept, metrics
+        return Collected(groups, kept, metrics)
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         """Cancel what is still in flight (the run is over)."""
         for task in list(self.tasks):
             task.cancel()

@@ -1,4 +1,4 @@
-"""Advantages from rewards: pure functions on a [groups, rollouts] reward tensor.
+"""The types computed in the orchestrator: pure functions on a [groups, rollouts] reward tensor.
 
 Row g holds the rewards r_g1..r_gR of the R rollouts of one prompt. With
 mean_g = (1/R) sum_j r_gj and the sample std std_g = sqrt(sum_j (r_gj - mean_g)^2 / (R - 1)):
@@ -6,36 +6,31 @@ mean_g = (1/R) sum_j r_gj and the sample std std_g = sqrt(sum_j (r_gj - mean_g)^
     grpo                          A_gi = (r_gi - mean_g) / (std_g + eps)     (std_normalize = false: r_gi - mean_g)
     dr_grpo                       A_gi = r_gi - mean_g
     rloo                          A_gi = r_gi - (1/(R-1)) sum_{j != i} r_gj  =  R/(R-1) * (r_gi - mean_g)
-    reinforce_plus_plus_baseline  a_gi = r_gi - mean_g, then A = (a - mean(a)) / (std(a) + eps) over the whole batch
+    reinforce_plus_plus_baseline  a_gi = r_gi - mean_g, then A = whiten_samples(a)
     custom                        A = fn(rewards, **kwargs), same shape
-    reinforce_plus_plus, gae      token-level: A = 0 here; the trainer computes A_t per token from the
-                                  rewards the batch carries (`trainer/rl/token_advantage.py`)
 
-`whiten` is the optional global normalisation (`normalize_advantages`) applied after any
-type.
+`whiten_samples` is also the optional normalisation over the batch (`normalize_advantages`) applied after
+any of them: (A - mean) / (std + eps) over every sample of the step (population std). It is not
+`token.whiten_tokens`, which whitens a trainer-computed type's per-token A over the step's trained tokens.
 
-All of it is computed in float64 (the built-in functions return float64;
-`compute_advantages` returns float32 for the batch file).
+All of it is computed in float64 (the built-in functions return float64; `compute_advantages`
+returns float32 for the batch file).
 
-Equal groups. A group whose rewards are all equal (max_j r_gj == min_j r_gj, compared
-exactly, `equal_groups`) has nothing to compare: every built-in type gives it A = 0
-exactly, not the rounding residue of r_gi - mean_g (which grpo's division by std_g + eps
-would blow up to |A| ~ 0.03-0.1 for rewards such as 0.3 in float32), and `whiten` keeps a
-group that is all exactly 0 at exactly 0 (for group-centered values mean(a) = 0, so this
-only removes rounding). A group is zero-advantage (`zero_groups`: what
-`filter_zero_advantage` and dynamic sampling drop) iff its advantages are all exactly 0;
-for the built-in types that is iff its rewards are all equal.
+Equal groups. A group whose rewards are all equal (max_j r_gj == min_j r_gj, compared exactly,
+`equal_groups`) has nothing to compare: every built-in type gives it A = 0 exactly, not the rounding
+residue of r_gi - mean_g (which grpo's division by std_g + eps would blow up to |A| ~ 0.03-0.1 for
+rewards such as 0.3 in float32), and `whiten_samples` keeps a group that is all exactly 0 at exactly 0
+(for group-centered values mean(a) = 0, so this only removes rounding). A group is zero-advantage
+(`zero_groups`: what `filter_zero_advantage` and dynamic sampling drop) iff its advantages are all
+exactly 0; for the built-in types that is iff its rewards are all equal.
 
-A custom function's output is used as returned: it may use a fixed baseline or run with
-one rollout per example, where a group of equal rewards does carry signal. It gets float64
-rewards; a group-relative custom function should return exact 0s on `equal_groups(rewards)`
-for those groups to count as zero-advantage.
+A custom function's output is used as returned: it may use a fixed baseline or run with one rollout
+per example, where a group of equal rewards does carry signal. It gets float64 rewards; a
+group-relative custom function should return exact 0s on `equal_groups(rewards)` for those groups to
+count as zero-advantage.
 """
 
 from __future__ import annotations
-
-import functools
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -45,9 +40,7 @@ from prime_rl.configs.advantage import (
     AdvantageConfig,
     CustomAdvantageConfig,
     DrGrpoAdvantageConfig,
-    GaeAdvantageConfig,
     GrpoAdvantageConfig,
-    ReinforcePlusPlusAdvantageConfig,
     RlooAdvantageConfig,
     RppBaselineAdvantageConfig,
 )
@@ -55,6 +48,7 @@ from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.imports import import_callable
 
 EPS = 1e-6
+"""The eps of every standard deviation division: (x - mean) / (std + eps)."""
 
 
 def _check_groups(rewards: Tensor, name: str) -> None:
@@ -111,8 +105,8 @@ def rloo(rewards: Tensor) -> Tensor:
     return _centered(rewards) * (n / (n - 1))
 
 
-def whiten(values: Tensor) -> Tensor:
-    """(x - mean) / (std + eps) over all elements of [groups, rollouts] (population std).
+def whiten_samples(values: Tensor) -> Tensor:
+    """(x - mean) / (std + eps) over all samples of [groups, rollouts] (population std).
 
     Rows that are all exactly 0 stay exactly 0 (they are the no-signal groups; for
     group-centered values mean = 0 and this only removes rounding). A single element gives 0.
@@ -126,14 +120,7 @@ def whiten(values: Tensor) -> Tensor:
 @ADVANTAGES.implements(RppBaselineAdvantageConfig)
 def reinforce_plus_plus_baseline(rewards: Tensor) -> Tensor:
     _check_groups(rewards, "reinforce_plus_plus_baseline")
-    return whiten(_centered(rewards))
-
-
-@ADVANTAGES.implements(ReinforcePlusPlusAdvantageConfig, GaeAdvantageConfig)
-def token_level(rewards: Tensor, **_: object) -> Tensor:
-    """Zeros: a token-level type's advantages need per-token values (the reference's KL, the critic's V_t)
-    that only the trainer computes; the orchestrator sends the rewards instead (`Sample.reward`)."""
-    return torch.zeros_like(rewards, dtype=torch.float64)
+    return whiten_samples(_centered(rewards))
 
 
 @ADVANTAGES.implements(CustomAdvantageConfig)
@@ -142,28 +129,23 @@ def custom(rewards: Tensor, import_path: str, kwargs: dict) -> Tensor:
     result = import_callable(import_path)(rewards, **kwargs)
     if not isinstance(result, Tensor) or result.shape != rewards.shape:
         got = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
-        raise PrimeError(f"custom advantage {import_path} returned {got}, expected a tensor of shape {tuple(rewards.shape)}")
+        raise PrimeError(f"custom advantage {import_path} returned {got}, "
+                         f"expected a tensor of shape {tuple(rewards.shape)}")
     return result.double()
 
 
-def advantage_fn(config: AdvantageConfig) -> Callable[[Tensor], Tensor]:
-    """The function rewards [groups, rollouts] -> advantages [groups, rollouts] that `config` selects:
-    its registered implementation with the config's fields as keyword arguments."""
-    return functools.partial(ADVANTAGES.implementation(config.type), **config.arguments())
-
-
 def compute_advantages(config: AdvantageConfig, rewards: Tensor, normalize: bool = False) -> Tensor:
-    """Float32 advantages of `rewards` [groups, rollouts] under `config`, optionally whitened over the batch.
+    """Float32 advantages of `rewards` [groups, rollouts] under an orchestrator-computed `config`, optionally
+    whitened over the batch (`whiten_samples`).
 
-    Computed in float64 (a custom function gets float64 rewards); equal-reward groups give
-    exactly 0 under the built-in types, also after whitening (module docstring).
+    Computed in float64 (a custom function gets float64 rewards); equal-reward groups give exactly 0 under
+    the built-in types, also after whitening (module docstring). A trainer-computed type has no advantage
+    here: a ValueError (the orchestrator writes 0 for it and sends the rewards).
     """
+    if config.computed_in != "orchestrator":
+        raise ValueError(f"advantage type '{config.type}' is computed in the {config.computed_in}, not from rewards "
+                         "[groups, rollouts]")
     if rewards.numel() == 0:  # every group filtered out: nothing to compute
         return torch.zeros_like(rewards, dtype=torch.float32)
-    advantages = advantage_fn(config)(rewards.double())
-    return (whiten(advantages) if normalize else advantages).float()
-
-
-def pass_at_k(solved: Tensor) -> float:
-    """Fraction of examples (rows of the bool [examples, k] tensor) with at least one solved rollout."""
-    return float(solved.any(dim=1).float().mean()) if solved.numel() else 0.0
+    advantages = config.function()(rewards.double())
+    return (whiten_samples(advantages) if normalize else advantages).float()

@@ -1,4 +1,5 @@
-"""Advantage math on hand-computed groups."""
+"""The types computed in the orchestrator (`advantages/group.py`): the math on hand-computed groups, equal groups,
+whitening over the batch, custom functions."""
 
 from __future__ import annotations
 
@@ -7,23 +8,24 @@ import math
 import pytest
 import torch
 
-from prime_rl.configs.advantage import (
-    CustomAdvantageConfig,
-    DrGrpoAdvantageConfig,
-    GrpoAdvantageConfig,
-    RlooAdvantageConfig,
-    RppBaselineAdvantageConfig,
-)
-from prime_rl.orchestrator.advantage import (
+from prime_rl.advantages.group import (
     compute_advantages,
     dr_grpo,
     equal_groups,
     grpo,
-    pass_at_k,
     reinforce_plus_plus_baseline,
     rloo,
-    whiten,
+    whiten_samples,
     zero_groups,
+)
+from prime_rl.configs.advantage import (
+    CustomAdvantageConfig,
+    DrGrpoAdvantageConfig,
+    GaeAdvantageConfig,
+    GrpoAdvantageConfig,
+    ReinforcePlusPlusAdvantageConfig,
+    RlooAdvantageConfig,
+    RppBaselineAdvantageConfig,
 )
 from prime_rl.utils.errors import PrimeError
 
@@ -121,7 +123,7 @@ def test_compute_advantages_dispatch_and_global_normalisation():
     close(compute_advantages(GrpoAdvantageConfig(std_normalize=False), REWARDS), dr_grpo(REWARDS).tolist())
     close(compute_advantages(RppBaselineAdvantageConfig(), REWARDS), reinforce_plus_plus_baseline(REWARDS).tolist())
     normalized = compute_advantages(GrpoAdvantageConfig(), REWARDS, normalize=True)
-    close(normalized, whiten(grpo(REWARDS)).tolist())
+    close(normalized, whiten_samples(grpo(REWARDS)).tolist())
     assert abs(float(normalized.mean())) < 1e-6
 
 
@@ -142,6 +144,9 @@ def test_custom_advantage_by_import_path():
         compute_advantages(bad, REWARDS)
 
 
-def test_pass_at_k():
-    solved = torch.tensor([[True, False], [False, False], [False, True], [False, False]])
-    assert pass_at_k(solved) == 0.5
+@pytest.mark.parametrize("config", [GaeAdvantageConfig(), ReinforcePlusPlusAdvantageConfig()], ids=lambda c: c.type)
+def test_a_type_computed_in_the_trainer_has_no_advantages_from_group_rewards(config):
+    """The orchestrator dispatches on `computed_in` and writes 0 for these; asking for their group advantages is an
+    error rather than a silent zero."""
+    with pytest.raises(ValueError, match=f"'{config.type}' is computed in the trainer"):
+        compute_advantages(config, REWARDS)

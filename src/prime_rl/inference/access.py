@@ -1,6 +1,7 @@
-"""What the server lets in: the API key, the body cap, admin Host names, the weight roots.
+"""The access policy: what the server lets in (the API key, the body cap, the token budget, admin Host names,
+the weight roots). Not the policy being trained: that is the served model.
 
-One `Policy` serves both backends: the builtin server builds it from its config; the vLLM
+One `AccessPolicy` serves both backends: the builtin server builds it from its config; the vLLM
 launcher builds the same one and hands it to the middleware in vLLM's process through
 the environment (`to_env` / `from_env`): the key as `VLLM_API_KEY` (which vLLM itself
 also checks on `/v1/*`), everything else as JSON in `POLICY_ENV`. Nothing of it is
@@ -18,6 +19,7 @@ from pathlib import Path
 POLICY_ENV = "PRIME_INFERENCE_POLICY"
 KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable: the key its /v1 routes and our middleware check
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_REQUEST_TOKENS = 2**24  # completion tokens one generate request may ask for (protocol.budget_overflow)
 
 
 def resolve_roots(dirs: Iterable[str | Path], model_path: str | None) -> tuple[Path, ...]:
@@ -30,11 +32,13 @@ def resolve_roots(dirs: Iterable[str | Path], model_path: str | None) -> tuple[P
 
 
 @dataclass(frozen=True)
-class Policy:
+class AccessPolicy:
     api_key: str | None = None
     """Bearer token every endpoint but /health requires; None: no authentication."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Largest request body; beyond it: 413."""
+    max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS
+    """Most completion tokens one generate request may ask for (prompts x n x max_tokens); beyond it: 400."""
     host: str = "127.0.0.1"
     """The address the server is bound to (a Host name the admin endpoints accept)."""
     allowed_hosts: tuple[str, ...] = ()
@@ -45,15 +49,17 @@ class Policy:
     """The served model's directory (the reference an update is compared with by the vLLM middleware)."""
 
     @classmethod
-    def from_config(cls, config) -> Policy:
-        """The policy of an `InferenceConfig`."""
+    def from_config(cls, config) -> AccessPolicy:
+        """The access policy of an `InferenceConfig`."""
         key = config.api_key.get_secret_value() if config.api_key is not None else None
-        return cls(api_key=key or None, max_request_bytes=config.max_request_bytes, host=config.host,
+        return cls(api_key=key or None, max_request_bytes=config.max_request_bytes,
+                   max_request_tokens=config.max_request_tokens, host=config.host,
                    allowed_hosts=tuple(config.allowed_hosts),
                    weight_roots=resolve_roots(config.weight_dirs, config.model.path), model_dir=config.model.path)
 
     def to_env(self) -> dict[str, str]:
-        public = {"max_request_bytes": self.max_request_bytes, "host": self.host,
+        public = {"max_request_bytes": self.max_request_bytes, "max_request_tokens": self.max_request_tokens,
+                  "host": self.host,
                   "allowed_hosts": list(self.allowed_hosts), "weight_roots": [str(r) for r in self.weight_roots],
                   "model_dir": self.model_dir}
         env = {POLICY_ENV: json.dumps(public)}
@@ -62,12 +68,13 @@ class Policy:
         return env
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> Policy:
-        """The policy `to_env` wrote; without it (vLLM started by hand) the defaults: no key
+    def from_env(cls, environ: Mapping[str, str]) -> AccessPolicy:
+        """The access policy `to_env` wrote; without it (vLLM started by hand) the defaults: no key
         unless VLLM_API_KEY is set, and no weight directory allowed."""
         public = json.loads(environ.get(POLICY_ENV, "{}"))
         return cls(api_key=environ.get(KEY_ENV) or None,
                    max_request_bytes=int(public.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)),
+                   max_request_tokens=int(public.get("max_request_tokens", DEFAULT_MAX_REQUEST_TOKENS)),
                    host=public.get("host", "127.0.0.1"), allowed_hosts=tuple(public.get("allowed_hosts", ())),
                    weight_roots=tuple(Path(r) for r in public.get("weight_roots", ())),
                    model_dir=public.get("model_dir"))
