@@ -12,10 +12,11 @@ from safetensors.torch import load_file, save_file
 
 from prime_rl.inference.adapter_check import verify_adapter_dir
 from prime_rl.inference.builtin.engine import Engine
-from prime_rl.inference.weights import WeightPathForbidden, check_weight_dir
+from prime_rl.inference.weights import WeightPathForbidden
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from tests.support.lora_adapters import logits, lora_model, write_adapter
+from tests.support.weight_dirs import check_weight_dir
 
 IDS = [5, 17, 30, 2, 44, 61, 9]
 Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"

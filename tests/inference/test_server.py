@@ -146,27 +146,35 @@ def test_a_request_larger_than_the_batch_starts_in_parts_and_each_choice_is_its_
         assert together[i].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
 
-def test_a_flood_from_one_caller_delays_another_by_about_one_generation_not_the_queue(tiny_model_dir):
-    """One caller queues 64 prompts x 24 choices (192 generations of the batch of 8); a request from another
-    caller that arrives behind them starts as soon as a slot frees (the fewest-running caller goes first) and is
-    done within a few generations, long before the flood (first-come-first-served made it wait for all)."""
+@pytest.mark.parametrize(("prompts", "n", "innocent_n"), [
+    (16, 16, 1),  # one request of 16 prompts x 16 choices (32 generations of the batch of 8), then one choice
+    (96, 1, 8),  # a batched request of 96 one-choice prompts, then a request as large as the whole batch
+])
+def test_a_flood_from_one_request_delays_another_by_a_few_generations_not_the_queue(tiny_model_dir, prompts, n,
+                                                                                      innocent_n):
+    """A request of many prompts and choices (one owner) fills the batch of 8; a request arriving behind it starts
+    at the first free slot (it runs nothing while the flood runs more than a quarter of the batch) and takes
+    every further quarter that frees, so it is done within a few generations, long before the flood
+    (first-come-first-served made it wait for all of it; a request of n = max_batch_size could wait forever
+    behind a batched request's ties)."""
     engine = Engine(str(tiny_model_dir), context_len=SEQ_LEN, seed=0, max_batch_size=8)
     try:
         params, flood_owner = SamplingParams(max_tokens=16, temperature=1.0, seed=1), object()
         start = time.monotonic()
-        flood = [engine.submit(encode(engine, f"flood {i}"), params, 16, flood_owner) for i in range(16)]
+        flood = [engine.submit(encode(engine, f"flood {i}"), params, n, flood_owner) for i in range(prompts)]
         time.sleep(0.05)
         asked = time.monotonic()
-        engine.submit(encode(engine, "innocent"), SamplingParams(max_tokens=16, seed=2)).result(timeout=120)
+        innocent = engine.submit(encode(engine, "innocent"), SamplingParams(max_tokens=16, seed=2), innocent_n)
+        assert len(innocent.result(timeout=120)) == innocent_n
         innocent_wait = time.monotonic() - asked
         done_by_then = sum(f.done() for f in flood)
         for f in flood:
-            f.result(timeout=300)
+            assert len(f.result(timeout=300)) == n
         flood_time = time.monotonic() - start
     finally:
         engine.close()
-    assert done_by_then < 8, done_by_then  # most of the flood was still queued
-    assert innocent_wait < flood_time / 5, (innocent_wait, flood_time)
+    assert done_by_then < prompts / 2, done_by_then  # most of the flood was still queued
+    assert innocent_wait < flood_time / 2, (innocent_wait, flood_time)
 
 
 def test_stop_string_truncates_the_text(engine):

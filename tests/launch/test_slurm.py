@@ -64,6 +64,7 @@ def test_three_nodes_place_the_server_then_a_trainer_over_two_nodes(tmp_path, mo
     assert h.orchestrator.client.base_url == "http://node0:8000/v1"
     assert h.deployment.trainer_nodes == 2 and h.deployment.rdzv_endpoint == "node1:29500"
     argv = words(worker)
+    assert "PRIMERL_RUN_LOCK_HELD=rl on node 1" in argv  # part of node 1's rl run, which holds the run lock
     assert "--nnodes=2" in argv and "--nproc-per-node=8" in argv and "--rdzv-endpoint=node1:29500" in argv
     assert argv[-2:] == ["@", str((tmp_path / "run" / "configs" / "trainer.toml").absolute())]
     assert "for i in $(seq 2 2); do" in script and script.rstrip().endswith("wait")

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from prime_rl.utils import run_lock
 from prime_rl.utils.net import free_port
 from tests.support.entrypoints import run_entrypoint
 from tests.support.rl_runs import rows_by_source
@@ -82,7 +83,7 @@ def test_a_trainer_across_two_nodes_joins_one_rendezvous(tmp_path):
                                "--rdzv-id=prime-rl-trainer", "-m", "prime_rl.trainer.rl.train", "@",
                                str(trainer_config)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env | {"OMP_NUM_THREADS": "1"})
+                              env=env | {"OMP_NUM_THREADS": "1", run_lock.HELD_BY_PARENT_ENV: "rl on node 1"})
     try:
         head = subprocess.run(rl("--output-dir", str(run), "--deployment.components", '["orchestrator", "trainer"]',
                                  "--orchestrator.client.base-url", f"http://127.0.0.1:{port}/v1",

@@ -74,3 +74,11 @@ def mismatched_dirs(model_dir: Path, root: Path) -> dict[str, tuple[Path, str]]:
     for name, (edit_tensors, edit_config, words) in MISMATCHES.items():
         made[name] = (variant(model_dir, root / name / "step_1", edit_tensors, edit_config), words)
     return made
+
+
+def check_weight_dir(path, step, roots) -> tuple:
+    """The checks of `weights.open_update_dir`, the files closed again: (the resolved directory, its weight step)."""
+    from prime_rl.inference.weights import open_update_dir
+
+    with open_update_dir(path, step, roots) as weights:
+        return weights.path, weights.step

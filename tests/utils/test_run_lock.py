@@ -76,3 +76,29 @@ def test_a_filesystem_without_flock_runs_unlocked_with_a_warning(tmp_path, monke
     monkeypatch.setattr(run_lock.fcntl, "flock", no_locks)
     run_lock.take(tmp_path, "rl").release()
     assert "warning: cannot lock" in capsys.readouterr().err
+
+
+def test_only_rank_0_of_a_torchrun_job_locks_so_an_exclusive_sft_runs_on_several_ranks(tmp_path, monkeypatch):
+    """`torchrun --nproc-per-node 2 -m prime_rl.trainer.sft.train`: every rank took the exclusive lock, so rank 1
+    was refused by rank 0 and the job died. Ranks other than 0 belong to rank 0's run."""
+    monkeypatch.delenv(run_lock.HELD_BY_PARENT_ENV, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    rank0 = run_lock.take_for_component(tmp_path, "sft", shared=False)
+    try:
+        monkeypatch.setenv("RANK", "1")
+        assert started(SFTConfig, tmp_path, monkeypatch) == "ran"
+        monkeypatch.setenv("RANK", "0")
+        assert started(SFTConfig, tmp_path, monkeypatch) == 2  # a second job's rank 0 is refused
+    finally:
+        rank0.release()
+
+
+def test_the_lock_is_released_when_the_body_fails(tmp_path, monkeypatch):
+    monkeypatch.delenv(run_lock.HELD_BY_PARENT_ENV, raising=False)
+
+    def fails(config):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        run_main(TrainerConfig, fails, ["--output-dir", str(tmp_path)])
+    run_lock.take(tmp_path, "rl").release()  # nothing holds it any more

@@ -3,7 +3,7 @@
 Every type is registered in `ADVANTAGES` (`@ADVANTAGES.config`) and says where it is computed
 (`computed_in`); its function, in `prime_rl.advantages`, registers with `@ADVANTAGES.implements(ItsConfig)`
 and is called with the config's `arguments()` (every field but `type` and the options the framework
-applies itself: `kl_in_reward`, `kl_coef`, `whiten`):
+applies itself: `kl_in_reward`, `kl_coef`, and a trainer-computed type's `whiten`):
 
     computed_in = "orchestrator"   fn(rewards, **arguments) -> advantages
                                    rewards [groups, rollouts] float64 (row g: the rollouts of one prompt),
@@ -32,9 +32,10 @@ ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.advan
 
 ComputedIn = Literal["orchestrator", "trainer"]
 
-FRAMEWORK_OPTIONS = frozenset({"type", "kl_in_reward", "kl_coef", "whiten"})
-"""Fields the framework applies around a type's function, never passed to it: the type, the KL folded into the
-reward (the trainer, which has the reference model) and the whitening of a trainer-computed type over the step."""
+FRAMEWORK_OPTIONS = frozenset({"type", "kl_in_reward", "kl_coef"})
+"""Fields the framework applies around a type's function, never passed to it: the type and the KL folded into the
+reward (the trainer, which has the reference model); of a trainer-computed type also `whiten` (the trainer whitens
+its A over the step). A group type's own field of that name is its own."""
 
 
 class AdvantageBase(BaseConfig):
@@ -48,8 +49,10 @@ class AdvantageBase(BaseConfig):
     """True for a group-relative type: it compares the rollouts of one prompt, so it needs at least 2 of them."""
 
     def arguments(self) -> dict[str, Any]:
-        """The keyword arguments of the implementation: every field but `FRAMEWORK_OPTIONS`."""
-        return {name: getattr(self, name) for name in type(self).model_fields if name not in FRAMEWORK_OPTIONS}
+        """The keyword arguments of the implementation: every field but `FRAMEWORK_OPTIONS` (and a trainer-computed
+        type's `whiten`)."""
+        skip = FRAMEWORK_OPTIONS | ({"whiten"} if self.computed_in == "trainer" else set())
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
 
     def function(self) -> Callable[..., Any]:
         """The registered implementation of this type with `arguments()` bound (module docstring)."""

@@ -298,9 +298,11 @@ def run_main(config_cls: type[C], body: Callable[[C], Any], argv: Sequence[str] 
         if config_cls.run_lock is not None:
             lock = take_for_component(getattr(config, "output_dir", None), config_cls.command,
                                       shared=config_cls.run_lock == "shared")
-        body(config)
-        if lock is not None:
-            lock.release()
+        try:
+            body(config)
+        finally:
+            if lock is not None:
+                lock.release()
     except PrimeError as exc:
         fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:

@@ -124,8 +124,8 @@ class InferenceConfig(EntrypointConfig):
     """Largest request body in bytes; a larger one gets HTTP 413."""
     max_request_tokens: Annotated[int, Field(gt=0)] = DEFAULT_MAX_REQUEST_TOKENS
     """Most completion tokens one generate request may ask for: prompts x n x max_tokens (max_tokens unset: the context
-    length); a larger one gets HTTP 400. The builtin backend also shares its batch fairly between requests, so a large
-    one delays another by at most one generation (docs/inference.md)."""
+    length); a larger one gets HTTP 400. The builtin backend also shares its batch fairly between requests, so
+    another request starts within one generation of a large one (docs/inference.md)."""
     allowed_hosts: list[str] = Field(default_factory=list)
     """Host header names /update_weights and /reset accept besides localhost, loopback addresses and `host` (bound to
     0.0.0.0 or ::, also any IP address)."""

@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -40,7 +41,7 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, 
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
-def _integral(value: Any) -> Any:
+def integral(value: Any) -> Any:
     """A float with an integral value as that int (JSON Schema counts 2.0 as an integer); anything else as is, for
     StrictInt to judge (it refuses booleans, strings and fractions)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -49,7 +50,7 @@ def _integral(value: Any) -> Any:
 def Int(**bounds: Any) -> Any:  # noqa: N802 (a type)
     """An integer field: a JSON integer (2.0 too), never a boolean or a string, within `bounds` (ge, le, ...). The
     bounds sit inside the float-to-int step, so the JSON schema states them (`minimum`, `maximum`)."""
-    return Annotated[StrictInt, Field(**bounds), BeforeValidator(_integral)]
+    return Annotated[StrictInt, Field(**bounds), BeforeValidator(integral)]
 TOKEN_ID_MARK = "x-token-id"  # `openapi.document` bounds these by the served vocabulary
 
 
@@ -112,7 +113,7 @@ class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    arguments: dict[str, Any]
+    arguments: Annotated[dict[str, Any], WithJsonSchema({"anyOf": [{"type": "object"}, {"type": "string"}]})]
     """An object, or (as OpenAI sends it) a JSON string holding one: parsed, as chat templates expect a dict."""
 
     @field_validator("arguments", mode="before")
@@ -268,7 +269,8 @@ MAX_PROMPTS = 1024  # prompts of one completions request (a batch of token-id pr
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[TokenId] | list[Annotated[list[TokenId], Field(min_length=1)]] = Field(
+    prompt: str | list[TokenId] | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
+                                            documented(maxItems=MAX_PROMPTS)] = Field(
         min_length=1, json_schema_extra={"minLength": 1, "minItems": 1})
     """A text, token ids, or a batch of token-id prompts (as vLLM: choice p * n + j is prompt p's choice j)."""
     echo: Annotated[StrictBool, documented(const=False)] = False

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -236,8 +237,12 @@ class WeightDir:
         made through the descriptors: for a reader that takes only a path (vLLM's LoRA loader). The caller removes
         it."""
         directory = Path(tempfile.mkdtemp(prefix="prime-rl-weights-"))
-        for name, file in self.files.items():
-            file.copy_to(directory / name)
+        try:
+            for name, file in self.files.items():
+                file.copy_to(directory / name)
+        except BaseException:  # a full disk: no half copy is left behind
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
         return directory
 
     def close(self) -> None:
@@ -316,12 +321,6 @@ def open_update_dir(path: str | Path, step: int | None, roots: Sequence[Path]) -
         raise
     weights.step = step
     return weights
-
-
-def check_weight_dir(path: str | Path, step: int | None, roots: Sequence[Path]) -> tuple[Path, int]:
-    """The checks of `open_update_dir`, the files closed again: the resolved directory and its weight step."""
-    with open_update_dir(path, step, roots) as weights:
-        return weights.path, weights.step
 
 
 def open_pinned(path: str | Path, pins: Sequence[Sequence]) -> WeightDir:

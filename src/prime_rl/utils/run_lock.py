@@ -7,7 +7,9 @@
   torchrun trainer) run side by side, while an `rl` or `sft` there, or a hand-started component beside a
   running `rl`, is refused.
 - The components `rl` starts do not lock: `rl` holds the lock for them and says so in their environment
-  (`HELD_BY_PARENT_ENV`).
+  (`HELD_BY_PARENT_ENV`; a trainer node that joins an `rl` run's rendezvous by hand, as the SLURM script's do,
+  sets it too). Of a torchrun job only global rank 0 locks: the other ranks are part of its run (an exclusive
+  `sft` on K ranks would otherwise refuse its own ranks 1..K-1).
 
 The kernel drops a flock when its process ends, however it ends, so the lock file of a dead run never blocks;
 the file itself is never deleted. The file holds the name and pid of the process that last took the lock, for
@@ -62,9 +64,9 @@ def take(out: Path, command: str, shared: bool = False) -> RunLock:
 
 def take_for_component(out: Path | None, command: str, shared: bool) -> RunLock | None:
     """The lock a component takes when it starts (module docstring): none when `rl` holds it for this process,
-    or when there is no directory to lock yet and it cannot be made (the component's own first write then
-    reports the disk's problem)."""
-    if out is None or os.environ.get(HELD_BY_PARENT_ENV):
+    in a torchrun rank other than 0 (`RANK`), or when there is no directory to lock yet and it cannot be made (the
+    component's own first write then reports the disk's problem)."""
+    if out is None or os.environ.get(HELD_BY_PARENT_ENV) or os.environ.get("RANK", "0") != "0":
         return None
     try:
         Path(out).mkdir(parents=True, exist_ok=True)

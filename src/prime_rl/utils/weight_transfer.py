@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -125,8 +124,3 @@ def receive(group: TransferGroup, device: torch.device,
 def write_marker(directory, step: int) -> None:
     """`<directory>/transfer.json`: {"step": N} (the orchestrator asks the servers to serve step N)."""
     (Path(directory) / MARKER).write_text(json.dumps({"step": step}) + "\n")
-
-
-def is_marker_dir(path) -> bool:
-    """A weight directory whose weights came over the group (it holds `transfer.json`)."""
-    return os.path.lexists(Path(path) / MARKER)

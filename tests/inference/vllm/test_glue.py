@@ -27,6 +27,7 @@ from prime_rl.inference.vllm.middleware import (
     TIMEOUT_ENV,
     TRANSFER_ENV,
     PrimeRLMiddleware,
+    budget_problem,
     completion_limit,
 )
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
@@ -166,6 +167,14 @@ def test_completion_limit_reads_max_tokens_and_counts_prompts():
     assert completion_limit({"prompt": ["a", "b"], "max_tokens": 5}) == (5, False)  # two prompts
     assert completion_limit([1]) == (None, False)
     assert completion_limit({"prompt": "a", "max_tokens": True}) == (None, True)
+    assert completion_limit({"prompt": [1.0, 2.0], "max_tokens": 5.0}) == (5, True)  # JSON integers, as vLLM reads
+
+
+def test_the_token_budget_reads_integers_as_vllm_does():
+    """vLLM's lax models take n = 64.0: the budget must count it (it used to skip any n not an int)."""
+    assert budget_problem({"prompt": "a", "n": 64.0, "max_tokens": 100}, 128, 1000) is not None
+    assert budget_problem({"prompt": [1.0, 2.0], "n": 10, "max_tokens": 100}, 128, 1000) is None  # one prompt
+    assert budget_problem({"prompt": "a", "n": True, "max_tokens": 100}, 128, 1) is None  # vLLM refuses it
 
 
 def test_middleware_refuses_a_max_tokens_that_fills_the_context_and_replaces_an_overflowing_answer(monkeypatch):

@@ -19,13 +19,17 @@ full). Padding positions are masked out through the attention mask, and position
 count only each row's real tokens, so a row computes what it would compute alone.
 
 Fair admission: every request has an owner (`submit(owner=...)`; the server gives each HTTP
-request its own, so the prompts of one batched request share one). Free slots go first to the
-owner with the fewest running sequences (ties: the oldest waiting request), and a request that
-does not fit waits for its slots while nothing behind it takes them. A request with more choices
-than the whole batch starts in parts as slots free. So a request of n <= `max_batch_size` choices
-waits at most until n running sequences finish, whatever another caller has queued: at most the
-longest running sequence's remaining tokens of decode steps (its max_tokens), not the queue's
-length (docs/inference.md measures it).
+request its own, so the prompts of one batched request share one). Each free slot goes to the
+owner with the fewest running sequences (ties: the oldest waiting request), and a request's
+choices start a quarter of the batch at a time (`PART`): an owner waits until a quarter of the
+batch (or all it has left) is free, except one running nothing while another runs more than a
+quarter of the batch, which starts at the first free slot. So
+however many choices one request asks for (64 prompts x n = 1024), another request's first
+choice starts as soon as one running sequence finishes (at most that sequence's remaining
+max_tokens decode steps), and its further choices take every other freed slot while it runs
+fewer sequences than that request (docs/inference.md measures it). Fairness is between requests:
+a caller that sends many requests at once (the orchestrator: one per group) is many owners, and
+a request arriving behind them waits its turn among them, oldest first, as before.
 
 A request that fails on its own (its generator cannot be made, its sampling raises or
 gives a non-finite logprob) fails alone; its rows leave the batch and the others go on.
@@ -288,7 +292,7 @@ class Engine:
         self._receive(block=not self._seqs and not self._waiting)
         running = Counter(seq.request.owner for seq in self._seqs)
         free = self.max_batch_size - len(self._seqs)
-        taken: list[tuple[_Request, int, int]] = []
+        parts: dict[int, tuple[_Request, int, int]] = {}  # by id(request): one part per request per round
         while self._waiting:
             owner = min(self._waiting, key=lambda o: (running[o], self._waiting[o][0].arrival))
             line = self._waiting[owner]
@@ -297,10 +301,16 @@ class Engine:
             if request.future.done():  # failed while an earlier part ran: the rest never starts
                 count = left
             else:
-                count = left if left <= self.max_batch_size else min(left, free)
-                if count == 0 or count > free:
-                    break  # it waits for its slots, and nothing behind it takes them
-                taken.append((request, request.started, count))
+                # A quantum at a time, so free slots alternate between waiting owners; an owner waits for a whole
+                # quantum (or all it has left: each admission is a prefill forward and a cache merge), except one
+                # running nothing while another runs more than a quantum: that one starts at the first free slot.
+                quantum = max(1, self.max_batch_size // PART)
+                count = min(left, free, quantum)
+                crowded_out = not running[owner] and max(running.values(), default=0) > quantum
+                if count == 0 or (count < min(left, quantum) and not crowded_out):
+                    break
+                first, already = parts.get(id(request), (request, request.started, 0))[1:]
+                parts[id(request)] = (request, first, already + count)
                 running[owner] += count
                 free -= count
             request.started += count
@@ -308,7 +318,7 @@ class Engine:
                 line.popleft()
                 if not line:
                     del self._waiting[owner]
-        return taken
+        return list(parts.values())
 
     def _receive(self, block: bool) -> None:
         """Move submitted requests into their owners' lines (waiting up to 50 ms for one when `block`)."""
@@ -569,6 +579,7 @@ class Engine:
         self._seqs, self._cache, self._mask, self._next = [], None, None, None
 
 
+PART = 4  # admission gives an owner max_batch_size / PART slots at a time (`_admit`)
 PROMPT_CHUNK_LOGITS = 2**24  # logits made at once when scoring a prompt: 64 MB of float32
 SHARE_MIN_SAVING = 0.25  # two prefill forwards only when sharing prefixes saves at least this share of the tokens
 

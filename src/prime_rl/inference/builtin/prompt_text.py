@@ -5,9 +5,8 @@ bounds refuse such a text early (`PromptText.encode`, a `PromptTooLong` naming t
 
 1. Characters: one token covers at most `longest` characters (the longest token string of the
    vocabulary, added tokens included: a byte-level BPE token's string has a character per byte, so at
-   least as many as the text it covers; a SentencePiece or WordPiece token's string is its text plus a
-   marker), so a text of more than context x longest characters has more tokens than fit. No
-   tokenization at all.
+   least as many as the text it covers; a SentencePiece token's string is its text plus a marker), so a
+   text of more than context x longest characters has more tokens than fit. No tokenization at all.
 2. Pieces: a text longer than `SURELY_FITS` characters per context token (more than any real text
    needs to fit) is first tokenized `PIECE_TOKENS` x context characters at a time, each piece cut just
    before a whitespace character, counting as it goes. Cutting a text before a whitespace character
@@ -16,6 +15,11 @@ bounds refuse such a text early (`PromptText.encode`, a `PromptTooLong` naming t
    CUT_SLACK x cuts exceeds the context the whole text cannot fit, and tokenizing stops there (a few
    contexts' worth of text, whatever the text's length). A text that passes is tokenized whole, as
    always: the pieces only ever refuse.
+
+Both bounds assume the tokenizer keeps every character of the text (byte-level BPE as Qwen's and Llama 3's,
+SentencePiece with byte fallback as Llama 2's: measured, at most 1 token changed per cut). A tokenizer that
+drops or collapses whitespace (BERT's WordPiece, T5's SentencePiece) could see a text made mostly of
+whitespace refused although its few tokens would fit; no causal model served here uses one.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.adapter_check import verify_adapter_dir
 from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
-from prime_rl.inference.protocol import UpdateWeightsRequest, budget_overflow, context_overflow, parse_json
+from prime_rl.inference.protocol import UpdateWeightsRequest, budget_overflow, context_overflow, integral, parse_json
 from prime_rl.inference.update import update_weights
 from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
 from prime_rl.inference.vllm.worker import (
@@ -94,19 +94,26 @@ def completion_limit(body: Any) -> tuple[int | None, bool]:
     limit = body.get("max_tokens")
     if limit is None:
         limit = body.get("max_completion_tokens")
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        limit = None
-    prompt = body.get("prompt")
-    single = "messages" in body or isinstance(prompt, str) or (
-        isinstance(prompt, list) and all(isinstance(token, int) for token in prompt))
-    return limit, single
+    limit = _whole(limit)
+    return limit, prompt_count(body) == 1
+
+
+def _whole(value: Any) -> int | None:
+    """`value` as an int when it is one in JSON's sense (2 or 2.0, as vLLM's lax models read it; never a boolean),
+    else None."""
+    value = integral(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _is_token_ids(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(_whole(token) is not None for token in prompt)
 
 
 def prompt_count(body: dict) -> int:
     """How many prompts a generate request holds: a batched `prompt` (a list of texts or of token-id lists)
     holds several, anything else one."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and not all(isinstance(token, int) for token in prompt):
+    if "messages" not in body and isinstance(prompt, list) and prompt and not _is_token_ids(prompt):
         return len(prompt)
     return 1
 
@@ -118,10 +125,10 @@ def budget_problem(body: Any, context_len: int | None, budget: int) -> str | Non
     if not isinstance(body, dict):
         return None
     limit, _ = completion_limit(body)
-    n = body.get("n", 1)
+    n = _whole(body.get("n", 1))
     if limit is None:
         limit = context_len
-    if limit is None or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if limit is None or n is None or n < 1:
         return None
     return budget_overflow(prompt_count(body), n, limit, budget)
 
@@ -298,7 +305,12 @@ class PrimeRLMiddleware:
         previous, previous_copy, name, copy = self.adapter, self.adapter_copy, None, None
         if weights.is_adapter:
             name, copy = adapter_name(step), await asyncio.to_thread(weights.private_copy)
-            status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": name, "lora_path": str(copy)})
+            try:
+                status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": name,
+                                                                              "lora_path": str(copy)})
+            except BaseException:
+                shutil.rmtree(copy, ignore_errors=True)
+                raise
             if status != 200:
                 shutil.rmtree(copy, ignore_errors=True)
                 raise RuntimeError(f"vLLM refused the adapter ({status}): {answer.decode(errors='replace')[:300]}")
