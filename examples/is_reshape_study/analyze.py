@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 import transformers
 
+from prime_rl.batch_format import read_rank
 from prime_rl.configs.shared import ModelConfig
 from prime_rl.run_dir import metrics_file, weights_dir
 from prime_rl.trainer.config import RuntimeConfig
 from prime_rl.trainer.model import compute_logprobs, load_model
 from prime_rl.trainer.rl.loss import LOG_RATIO_BOUND
-from prime_rl.utils.batch_format import read_rank
 
 RUNS = {  # output folder name -> what it trains with
     "vanilla": "vanilla IS-PG, no clip",

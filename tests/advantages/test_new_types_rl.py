@@ -12,10 +12,10 @@ from pydantic import ValidationError
 from torch import Tensor
 
 from prime_rl.advantages.token import TokenRow
+from prime_rl.batch_format import RankBatch, read_rank
 from prime_rl.configs.advantage import AdvantageBase, ComputedIn
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.trainer.rl import train as train_module
-from prime_rl.utils.batch_format import RankBatch, read_rank
 from tests.support.registered_advantage import registered_advantage
 from tests.support.rl_in_process import on_policy_run
 

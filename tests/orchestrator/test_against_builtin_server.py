@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from prime_rl.batch_format import read_rank
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import body
 from prime_rl.run_dir import rollout_dir
-from prime_rl.utils.batch_format import read_rank
 from prime_rl.utils.fs import atomic_dir, wait_for_path
 from tests.support.inference_server import SRC, start_server, stop_server
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from prime_rl.utils.batch_format import MicroBatch, RankBatch, write_step
+from prime_rl.batch_format import MicroBatch, RankBatch, write_step
 
 
 def random_micro_batch(generator: torch.Generator, vocab_size: int, samples: int, prompt_len: int,

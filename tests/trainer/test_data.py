@@ -33,7 +33,7 @@ def micro_batch(samples: list[tuple[int, bool]]) -> dict:
 
 
 def write_batch(output_dir, *rows: list[tuple[int, bool]], temperature: float = 1.0, **truncation) -> None:
-    """rollouts/step_5/rank_0.pt written by hand, in the documented format (utils/batch_format.py); `truncation`:
+    """rollouts/step_5/rank_0.pt written by hand, in the documented format (batch_format.py); `truncation`:
     top_k / top_p / min_p keys (none: a file of a version before them)."""
     directory = rollout_dir(output_dir, STEP)
     directory.mkdir(parents=True)

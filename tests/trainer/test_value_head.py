@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from prime_rl.batch_format import RankBatch
 from prime_rl.configs.toml_io import dump_toml
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.batch import Sample, micro_batch
@@ -20,7 +21,6 @@ from prime_rl.trainer.model import forward_rows_logits, from_previous_position
 from prime_rl.trainer.rl.loss import build_loss
 from prime_rl.trainer.rl.train import step_scale, train_on_batch
 from prime_rl.trainer.value_head import ValueHeadCritic
-from prime_rl.utils.batch_format import RankBatch
 from tests.support.synthetic_batches import random_micro_batch
 
 VOCAB = 99  # the char tokenizer of tiny_model_dir

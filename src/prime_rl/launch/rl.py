@@ -27,7 +27,6 @@ import urllib.request
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prime_rl.configs.cli import run_main
 from prime_rl.launch import slurm
@@ -48,7 +47,7 @@ from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 from prime_rl.utils.net import server_root
-from prime_rl.utils.run_report import MetricsTail, step_warning, summary_lines, write_plot
+from prime_rl.utils.run_report import MetricsTail, ProgressView, summary_lines, write_plot
 
 POLL_S = 0.25
 
@@ -144,73 +143,6 @@ def resume_hint(config: RLConfig) -> str:
 def _interrupt(signum, frame) -> None:
     """SIGTERM (a job scheduler, `kill`) stops the run the way Ctrl-C does."""
     raise KeyboardInterrupt
-
-
-class ProgressView:
-    """A live bar on a terminal; one line per trained step otherwise (logs, CI)."""
-
-    def __init__(self, console: Console, total: int, start: int = 0):
-        self.console = console
-        self.total = total
-        self.start = start
-        self.started = time.monotonic()
-        self.shown_step = start  # a resumed run starts at its checkpoint step
-        self.bar = None
-        if console.is_terminal:
-            self.bar = Progress(
-                TextColumn("[bold]rl"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(), console=console,
-            )
-            self.task = self.bar.add_task("steps", total=total, completed=start, info="starting")
-            self.bar.start()
-
-    def update(self, tail: MetricsTail) -> None:
-        trained = tail.last("trainer", "perf/step_time_s")
-        if trained is None or trained[0] + 1 <= self.shown_step:
-            return
-        step, step_time = trained
-        for new in range(self.shown_step, step + 1):  # every step trained since the last update (0-based)
-            warning = step_warning(tail, new)
-            if warning is not None:
-                self.console.print(f"step {new + 1}/{self.total}: warning: {warning}")
-        self.shown_step = step + 1
-        info = progress_info(tail, step, step_time)
-        if self.bar is None:  # a log file or pipe: elapsed time and ETA in the line (a terminal's bar shows elapsed)
-            done = self.shown_step - self.start
-            elapsed = time.monotonic() - self.started
-            info += f"  elapsed {clock(elapsed)}  eta {clock(elapsed / max(done, 1) * (self.total - self.shown_step))}"
-        if self.bar is not None:
-            self.bar.update(self.task, completed=self.shown_step, info=info)
-        else:
-            self.console.print(f"step {self.shown_step}/{self.total}  {info}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-def progress_info(tail: MetricsTail, step: int, trainer_s: float) -> str:
-    """What a progress line says of 0-based `step`: reward (of the batch trained on), loss, mismatch KL, and the
-    trainer's and the orchestrator's own step times (the slower one sets the pace)."""
-    parts = []
-    for label, source, key, form in (("reward", "orchestrator", "reward/mean", "{:.3f}"),
-                                     ("loss", "trainer", "loss/total", "{:.4g}"),
-                                     ("kl", "trainer", "loss/mismatch_kl", "{:.2g}")):
-        value = tail.get(source, key).get(step)
-        if value is not None:
-            parts.append(f"{label} {form.format(value)}")
-    parts.append(f"trainer {trainer_s:.1f}s")
-    rollouts_s = tail.get("orchestrator", "perf/step_time_s").get(step)
-    if rollouts_s is not None:
-        parts.append(f"rollouts {rollouts_s:.1f}s")
-    return "  ".join(parts)
-
-
-def clock(seconds: float) -> str:
-    """h:mm:ss (or m:ss under an hour)."""
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def spare_server(children: dict[str, Child], dead: Child, reported: set[str]) -> bool:

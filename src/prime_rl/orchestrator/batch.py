@@ -1,4 +1,4 @@
-"""Training samples and their packing into the per-rank micro-batches of `utils.batch_format`.
+"""Training samples and their packing into the per-rank micro-batches of `prime_rl.batch_format`.
 
 A sample is prompt + completion: `loss_mask` is true on the completion tokens the policy
 sampled (a multi-turn completion also holds the environment's tokens between turns:
@@ -13,7 +13,7 @@ carries `sample_groups` and `sample_rewards` per segment (the sample's group wit
 its reward; -1 and 0 for a root or padding): the trainer recomputes the group advantages.
 
 Shared prefixes: consecutive samples with the same prompt (a group's completions) form one
-*unit*, its prompt laid out once (`utils.batch_format`: root = prompt[:-1], one branch
+*unit*, its prompt laid out once (`prime_rl.batch_format`: root = prompt[:-1], one branch
 [prompt[-1], completion] per sample), as many samples per unit as fit `seq_len`. With 8
 completions of a 28-token prompt that trains ~2.7x fewer tokens for the same gradient.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prime_rl.utils.batch_format import OPTIONAL_SAMPLE_FIELDS, MicroBatch, RankBatch
+from prime_rl.batch_format import OPTIONAL_SAMPLE_FIELDS, MicroBatch, RankBatch
 from prime_rl.utils.packing import first_fit_decreasing
 from prime_rl.utils.sampling_rule import SamplingRule
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from prime_rl.batch_format import write_step
 from prime_rl.configs.cli import run_main
 from prime_rl.envs import load_env
 from prime_rl.monitor import Monitor
@@ -57,7 +58,6 @@ from prime_rl.orchestrator.step_collector import StepCollector
 from prime_rl.orchestrator.teacher import Teacher
 from prime_rl.orchestrator.weight_sync import WeightSync
 from prime_rl.run_dir import resolve_resume_step, rollouts_root
-from prime_rl.utils.batch_format import write_step
 from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging

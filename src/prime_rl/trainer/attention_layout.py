@@ -1,4 +1,4 @@
-"""How packed rows (`utils.batch_format`) become one model forward.
+"""How packed rows (`prime_rl.batch_format`) become one model forward.
 
 A row's *units* (a sample alone, or a shared prompt root with its branches) never see each
 other, so the forward does not need the row's [T, T] mask: attention is computed per unit.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prime_rl.utils.batch_format import row_units
+from prime_rl.batch_format import row_units
 from prime_rl.utils.packing import first_fit_decreasing
 
 Row = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (input_ids, position_ids, sample_lens)

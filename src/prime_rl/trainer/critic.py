@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForTokenClassification
 
+from prime_rl.batch_format import MicroBatch
 from prime_rl.configs.shared import ModelConfig
 from prime_rl.trainer.config import CriticConfig, RuntimeConfig
 from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum
@@ -38,7 +39,6 @@ from prime_rl.trainer.model import (
 )
 from prime_rl.trainer.optim import build_optimizer, checked_step
 from prime_rl.trainer.rl.loss import reduce_metrics
-from prime_rl.utils.batch_format import MicroBatch
 from prime_rl.utils.embedded_models import resolve_model_path
 from prime_rl.utils.errors import UserError
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from prime_rl.batch_format import RankBatch, read_rank
 from prime_rl.run_dir import rollout_dir, rollout_file
-from prime_rl.utils.batch_format import RankBatch, read_rank
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.fs import wait_for_path
 

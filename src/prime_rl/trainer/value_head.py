@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from prime_rl.batch_format import MicroBatch
 from prime_rl.trainer.config import CriticConfig
 from prime_rl.trainer.model import forward_hidden, from_previous_position, on_model_device
 from prime_rl.trainer.optim import build_optimizer, checked_step
-from prime_rl.utils.batch_format import MicroBatch
 
 
 class ValueHeadCritic:

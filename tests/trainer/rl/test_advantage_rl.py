@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from prime_rl.utils.batch_format import read_rank
+from prime_rl.batch_format import read_rank
 from tests.support.rl_in_process import on_policy_run
 from tests.support.rl_runs import on_policy_rl_process
 

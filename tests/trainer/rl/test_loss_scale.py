@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from prime_rl.batch_format import RankBatch
 from prime_rl.trainer.rl.train import step_scale
-from prime_rl.utils.batch_format import RankBatch
 from tests.support.synthetic_batches import random_micro_batch
 from tests.support.two_ranks import gloo_rank
 

@@ -355,8 +355,8 @@ def test_resume_rewrites_the_pruned_weights_of_the_resume_step(tiny_model_dir, t
 def test_the_trainer_scores_under_the_samplers_truncation_unless_told_not_to():
     """`match_truncation` (default on): the batch's whole rule, so on-policy ratios are 1 under top-k/p, min-p;
     off: the full softmax at the batch temperature (the uncorrected ratio that the RL test shows is wrong)."""
+    from prime_rl.batch_format import RankBatch
     from prime_rl.trainer.rl.train import scoring_rule
-    from prime_rl.utils.batch_format import RankBatch
     from prime_rl.utils.sampling_rule import SamplingRule
 
     batch = RankBatch(step=0, temperature=0.7, max_tokens=4, micro_batches=[], top_k=5, top_p=0.9, min_p=0.05)

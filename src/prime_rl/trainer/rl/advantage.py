@@ -22,13 +22,13 @@ import torch
 
 from prime_rl.advantages.kl import kl_group_advantages, sample_table, token_rewards
 from prime_rl.advantages.token import TokenRow, token_moments, whiten_tokens
+from prime_rl.batch_format import MicroBatch, RankBatch
 from prime_rl.configs.advantage import AdvantageConfig
 from prime_rl.trainer.critic import ValueTargets, value_metrics
 from prime_rl.trainer.dist import all_gather_rows, all_reduce_sum
 from prime_rl.trainer.model import compute_logprobs
 from prime_rl.trainer.rl.loss import kl_estimate
 from prime_rl.trainer.session import TrainSession
-from prime_rl.utils.batch_format import MicroBatch, RankBatch
 from prime_rl.utils.errors import PrimeError, UserError
 from prime_rl.utils.sampling_rule import SamplingRule
 

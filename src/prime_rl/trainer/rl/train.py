@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import torch
 
+from prime_rl.batch_format import MicroBatch, RankBatch
 from prime_rl.configs.cli import run_main
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.critic import ValueTargets, value_loss
@@ -39,7 +40,6 @@ from prime_rl.trainer.rl.loss import (
 )
 from prime_rl.trainer.session import TrainSession
 from prime_rl.trainer.value_head import ValueHeadCritic
-from prime_rl.utils.batch_format import MicroBatch, RankBatch
 from prime_rl.utils.sampling_rule import SamplingRule
 
 
