@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from prime_rl.inference.protocol import TOKEN_ID_MARK
+from prime_rl.inference.protocol import COMPLETION_MARK, TOKEN_ID_MARK
 
 SCHEMAS = "#/components/schemas/{model}"
 
@@ -77,12 +77,7 @@ def document(app: FastAPI, models: list[type[BaseModel]], vocab: int, context_le
                 model_schema = model.model_json_schema(ref_template=SCHEMAS)
                 components.update(model_schema.pop("$defs", {}))
                 components[model.__name__] = model_schema
-            bound_token_ids(components, vocab)
-            for name in ("ChatRequest", "CompletionRequest"):
-                for key in ("max_tokens", "max_completion_tokens"):
-                    for branch in components.get(name, {}).get("properties", {}).get(key, {}).get("anyOf", []):
-                        if branch.get("type") == "integer":
-                            branch["maximum"] = context_len - 1
+            bound_marked(components, {TOKEN_ID_MARK: vocab - 1, COMPLETION_MARK: context_len - 1})
             if not tool_calls and "ChatMessage" in components:
                 no_calls(components["ChatMessage"])
             schema["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
@@ -95,16 +90,18 @@ def document(app: FastAPI, models: list[type[BaseModel]], vocab: int, context_le
     app.openapi = openapi
 
 
-def bound_token_ids(node: Any, vocab: int) -> None:
-    """Give every schema marked a token id (`protocol.TOKEN_ID_MARK`) the maximum vocab - 1, in place."""
+def bound_marked(node: Any, maxima: dict[str, int]) -> None:
+    """Give every schema carrying a mark of `maxima` (`protocol.TOKEN_ID_MARK`: below the vocabulary,
+    `protocol.COMPLETION_MARK`: below the context) that maximum, and drop the mark; in place."""
     if isinstance(node, dict):
-        if node.pop(TOKEN_ID_MARK, False):
-            node["maximum"] = vocab - 1
+        for mark, maximum in maxima.items():
+            if node.pop(mark, False):
+                node["maximum"] = maximum
         for child in node.values():
-            bound_token_ids(child, vocab)
+            bound_marked(child, maxima)
     elif isinstance(node, list):
         for child in node:
-            bound_token_ids(child, vocab)
+            bound_marked(child, maxima)
 
 
 def no_calls(message: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ def Int(**bounds: Any) -> Any:  # noqa: N802 (a type)
     bounds sit inside the float-to-int step, so the JSON schema states them (`minimum`, `maximum`)."""
     return Annotated[StrictInt, Field(**bounds), BeforeValidator(integral)]
 TOKEN_ID_MARK = "x-token-id"  # `openapi.document` bounds these by the served vocabulary
+COMPLETION_MARK = "x-completion-length"  # and these by the served context
 
 
 def documented(**schema: Any) -> Any:
@@ -185,7 +186,7 @@ class SamplingFields(BaseModel):
     top_p: Annotated[Float, Field(gt=0, le=1)] = 1.0
     top_k: Int(ge=-1) = -1
     min_p: Annotated[Float, Field(ge=0, le=1)] = 0.0
-    max_tokens: Int(ge=1) | None = None
+    max_tokens: Int(ge=1, json_schema_extra={COMPLETION_MARK: True}) | None = None
     stop: Annotated[str, documented(minLength=1)] | list[Annotated[str, documented(minLength=1)]] | None = None
     seed: Int(ge=INT64_MIN, le=INT64_MAX) | None = None
     logprobs: StrictBool | Int(ge=0, json_schema_extra={"maximum": 1}) | None = None
@@ -220,7 +221,7 @@ class SamplingFields(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int(ge=1) | None = None
+    max_completion_tokens: Int(ge=1, json_schema_extra={COMPLETION_MARK: True}) | None = None
     tools: list[Tool] | None = None
     tool_choice: Annotated[Any, documented(enum=["auto", "none", None])] = None
     chat_template_kwargs: Annotated[dict[str, Any], documented(

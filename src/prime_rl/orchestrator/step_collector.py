@@ -49,7 +49,7 @@ class StepCollector:
         groups = await self._generate(self.parts.source.draw(self.needed), step, 0)
         rounds = 0
         while True:
-            zero = self.parts.advantages.zero(groups)
+            zero = self.parts.advantages.zero(groups) if self.filtering else [False] * len(groups)
             kept = [g for g, z in zip(groups, zero, strict=True) if not z or not self.filtering]
             missing = self.needed - len(kept)
             if not self.dynamic_sampling or missing <= 0 or rounds >= self.max_rounds:
