@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# The suite's processes cache their bytecode. Where PYTHONDONTWRITEBYTECODE is set (many container images set it),
+# every xdist worker would rewrite and compile each test module again on every run, and each of the suite's
+# subprocesses (rl, its components, torchrun ranks) would compile prime_rl from source at its start: the fast tier
+# took 85 s instead of 72 s that way on 2 cores. Only `__pycache__/` folders are written (git ignores them). Set
+# here, before pytest-xdist starts its workers, so they and every process they start inherit it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Tests never touch the network: hub lookups fail fast instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -7,6 +7,9 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 from typing import get_args
 
@@ -205,3 +208,40 @@ def test_every_environment_class_in_the_package_is_registered_under_its_id():
                     and not inspect.isabstract(obj) and getattr(obj, "id", None)):
                 defined[obj.id] = obj
     assert defined and defined == ENVIRONMENTS
+
+
+def dry_run_args(example: Path) -> list[str]:
+    """`rl` arguments that dry-run `example`, a model it names under outputs/ (made by an earlier command of its
+    README) replaced by the embedded model."""
+    config = tomllib.loads(example.read_text())
+    args = ["@", str(example), "--dry-run"]
+    for section, key in ((config, "--model.name"), (config.get("teacher", {}), "--teacher.model.name")):
+        if section.get("model", {}).get("name", "").startswith("outputs/"):
+            args += [key, "tiny-reverse-text"]
+    return args
+
+
+def test_configs_and_the_launcher_import_no_torch():
+    """Every `rl` start, `--help` and `--dry-run` would pay torch's import (~2.5 s, 6 s on a slow day) before any
+    process starts: the launcher, every config module and a dry run of each example import no torch (nor
+    transformers), on a machine without a GPU driver as on this one. Not the examples with a `[teacher]`: their
+    config check compares the two models' tokenizers, which transformers loads."""
+    configs = sorted(module_name(path, SRC) for path in SRC.rglob("*.py")
+                     if path.parent.name == "configs" or path.name == "config.py")
+    runs = [dry_run_args(example) for example in sorted((REPO / "examples").glob("*/rl*.toml"))
+            if "teacher" not in tomllib.loads(example.read_text())]
+    assert len(runs) >= 10, runs
+    script = (
+        "import contextlib, io, sys\n"
+        f"import prime_rl.launch.rl, prime_rl.launch.plan, prime_rl.launch.slurm, {', '.join(configs)}\n"
+        f"for args in {runs!r}:\n"
+        "    try:\n"
+        "        with contextlib.redirect_stdout(io.StringIO()):\n"
+        "            prime_rl.launch.rl.main(args)\n"
+        "    except SystemExit as exit:\n"
+        "        assert not exit.code, args\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]

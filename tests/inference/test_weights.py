@@ -134,6 +134,46 @@ def test_a_file_swapped_with_a_link_outside_is_never_read(engine, tiny_model_dir
     assert set(outcomes) <= {"inside", 400, 403} and outcomes["inside"] > 0, dict(outcomes)
 
 
+@pytest.mark.parametrize("resolution", [1, 2], ids=["at_the_check", "after_the_open"])
+def test_a_name_that_flips_while_it_is_resolved_is_refused(engine, tiny_model_dir, tmp_path, monkeypatch, proc_fd,
+                                                          resolution):
+    """The race `os.path.realpath` loses: the name is a link when it `lstat`s it and a file again when it `readlink`s
+    it (EINVAL). Made to happen at the `resolution`-th resolving of `model.safetensors` (1: the root check before the
+    open; 2: without /proc, the check of the open file), the update ends in the server's 400 with a one-line
+    message, never an unhandled OSError, and the served weights stay the model's own."""
+    if resolution == 2 and proc_fd == "proc":
+        pytest.skip("with /proc the open file is judged by its descriptor's path: the name is resolved once")
+    root, step, outside = file_swap(tiny_model_dir, tmp_path)
+    name = str(step / "model.safetensors")
+    lstat, readlink = os.lstat, os.readlink
+    seen = {"lstat": 0, "flipped": False}
+
+    def flipping_lstat(path, *args, **kwargs):
+        if os.fspath(path) == name:
+            seen["lstat"] += 1
+            if seen["lstat"] == resolution:
+                to_link(step, outside)
+        return lstat(path, *args, **kwargs)
+
+    def flipping_readlink(path, *args, **kwargs):
+        if os.fspath(path) == name and seen["lstat"] == resolution and not seen["flipped"]:
+            seen["flipped"] = True
+            to_file(step)
+        return readlink(path, *args, **kwargs)
+
+    before = engine.model.state_dict()[EMBED].clone()
+    monkeypatch.setattr(os, "lstat", flipping_lstat)
+    monkeypatch.setattr(os, "readlink", flipping_readlink)
+    loader, gate = BuiltinLoader(engine, None, timeout_s=5), WeightGate(step=0, timeout_s=5)
+    status, payload = asyncio.run(update_weights(UpdateWeightsRequest(path=str(step), step=1), loader, (root,), gate))
+    monkeypatch.undo()
+    assert seen["flipped"], "the name never flipped between lstat and readlink: the race was not made"
+    assert status == 400, payload
+    message = payload["error"]["message"]
+    assert "\n" not in message and "model.safetensors" in message and "Invalid argument" in message, message
+    assert torch.equal(engine.model.state_dict()[EMBED], before)
+
+
 def exchanger():
     """`exchange(a, b)`: swap two names atomically (Linux renameat2 RENAME_EXCHANGE; OSError where it fails)."""
     libc = ctypes.CDLL(None, use_errno=True)

@@ -293,24 +293,29 @@ def test_non_finite_parameters_names_nan_and_inf_and_skips_empty_shards():
 
 def _two_rank_worker(rank: int, store: str, out: str) -> None:
     with gloo_rank(rank, store):
-        from pathlib import Path
+        _save_damage_and_load(rank, out)
 
-        model, optimizer, scheduler = trained()
-        save_checkpoint(Path(out), 2, model, optimizer, scheduler)
-        result = {"files": sorted(json.loads((ckpt_dir(Path(out), 2) / MANIFEST).read_text())["files"])}
-        with torch.no_grad():
-            if rank == 1:  # only rank 1's shard of a.weight goes bad: both ranks must see it
-                model.a.weight.to_local()[0, 0] = float("nan")
-        result["bad"] = non_finite_parameters(model)
-        dist.barrier()
-        if rank == 0:
-            flip(ckpt_dir(Path(out), 2) / "__1_0.distcp")
-        dist.barrier()
-        try:
-            load_checkpoint(Path(out), 2, model, optimizer, scheduler)
-        except CorruptCheckpoint as exc:
-            result["error"] = str(exc)
-        Path(out, f"result_{rank}.json").write_text(json.dumps(result))
+
+def _save_damage_and_load(rank: int, out: str) -> None:
+    """One rank's part: its model, optimizer and scheduler live in this function, gone before the group is."""
+    from pathlib import Path
+
+    model, optimizer, scheduler = trained()
+    save_checkpoint(Path(out), 2, model, optimizer, scheduler)
+    result = {"files": sorted(json.loads((ckpt_dir(Path(out), 2) / MANIFEST).read_text())["files"])}
+    with torch.no_grad():
+        if rank == 1:  # only rank 1's shard of a.weight goes bad: both ranks must see it
+            model.a.weight.to_local()[0, 0] = float("nan")
+    result["bad"] = non_finite_parameters(model)
+    dist.barrier()
+    if rank == 0:
+        flip(ckpt_dir(Path(out), 2) / "__1_0.distcp")
+    dist.barrier()
+    try:
+        load_checkpoint(Path(out), 2, model, optimizer, scheduler)
+    except CorruptCheckpoint as exc:
+        result["error"] = str(exc)
+    Path(out, f"result_{rank}.json").write_text(json.dumps(result))
 
 
 @pytest.mark.slow

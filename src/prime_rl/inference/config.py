@@ -13,6 +13,7 @@ from prime_rl.configs.registry import Registry
 from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.validators import ApiKey, Host
 from prime_rl.inference.access import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_REQUEST_TOKENS
+from prime_rl.utils.devices import cuda_device_count
 
 # Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (the orchestrator's
 # aiohttp: 15 s; httpx: 5 s), so the client always closes first: with equal timeouts a request sent on a
@@ -84,9 +85,7 @@ def resolved_backend(backend: str) -> str:
     """`backend`, with "auto" resolved: vllm when it is importable and a GPU is present, else builtin."""
     if backend != "auto":
         return backend
-    import torch
-
-    return "vllm" if vllm_available() and torch.cuda.is_available() else "builtin"
+    return "vllm" if vllm_available() and cuda_device_count() > 0 else "builtin"
 
 
 class InferenceConfig(EntrypointConfig):

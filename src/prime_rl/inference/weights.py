@@ -66,12 +66,22 @@ def _under(real: Path, roots: Sequence[Path]) -> bool:
     return any(real == root or real.is_relative_to(root) for root in roots)
 
 
-def resolve_allowed(path: str | Path, roots: Sequence[Path]) -> Path:
-    """`path` resolved after symlinks, if that is one of `roots` or below one; else WeightPathForbidden."""
+def _resolved(path: str | Path) -> Path:
+    """`path` with every symlink and `..` resolved (`os.path.realpath`), or UserError: a name that is not a path
+    (an embedded NUL byte, too long) or that changed while it was resolved (a link when `lstat` looked, a file when
+    `readlink` read it: EINVAL) is refused like any other unreadable weight path, never raised as an OSError."""
     try:
-        real = Path(os.path.realpath(path))
-    except (ValueError, OSError) as exc:  # an embedded NUL byte, a path too long
+        return Path(os.path.realpath(path))
+    except ValueError as exc:
         raise UserError(f"invalid weight path: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read weight path {path}: {exc.strerror}") from None
+
+
+def resolve_allowed(path: str | Path, roots: Sequence[Path]) -> Path:
+    """`path` resolved after symlinks (`_resolved`), if that is one of `roots` or below one; else
+    WeightPathForbidden."""
+    real = _resolved(path)
     if not roots:
         raise WeightPathForbidden(
             "this server loads no weight updates: no weight directory is allowed (start it with --weight-dirs)")
@@ -102,7 +112,7 @@ class WeightFile:
         resolved now, which must still be this file (else UserError)."""
         if PROC_FD.is_dir():
             return Path(os.readlink(PROC_FD / str(self.fd)))
-        real = Path(os.path.realpath(self.path))
+        real = _resolved(self.path)
         try:
             same = os.stat(real)
         except OSError as exc:

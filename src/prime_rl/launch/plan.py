@@ -39,6 +39,7 @@ from prime_rl.run_dir import (
 )
 from prime_rl.utils import run_lock
 from prime_rl.utils.checksums import verify_manifest
+from prime_rl.utils.devices import cuda_device_count
 from prime_rl.utils.errors import ConfigError
 from prime_rl.utils.net import listening_socket
 
@@ -198,9 +199,7 @@ def clear_after(config: RLConfig, step: int) -> None:
 
 def assign_devices(config: RLConfig) -> tuple[str, str]:
     """CUDA_VISIBLE_DEVICES for inference and trainer ('' on a machine without GPUs)."""
-    import torch
-
-    count = torch.cuda.device_count()
+    count = cuda_device_count()
     deployment = config.deployment
     here = deployment.components  # a split run's node checks only what it starts
     wanted = [ids for ids, name in ((deployment.inference_gpu_ids, "inference"),

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from prime_rl.configs.shared import WandbConfig
 from prime_rl.configs.toml_io import write_toml
@@ -14,7 +13,10 @@ from prime_rl.run_dir import config_file, metrics_file
 
 
 def to_float(value: Any) -> float:
-    if isinstance(value, torch.Tensor):
+    """A metric as a float: a tensor's mean, anything else `float(value)`. torch is not imported for the check (the
+    launcher imports this package): a value can only be a tensor where torch was imported already."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
         return float(value.detach().float().mean())
     return float(value)
 

@@ -28,8 +28,10 @@ prompt. The builtin server and the trainer both leave those logits out (p is a s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a mask is computed: configs and the launcher import this module too
+    import torch
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ def kept_mask(scaled: torch.Tensor, rule: SamplingRule) -> torch.Tensor:
     """Bool [..., V]: the kept set K of each position, from tempered logits `scaled` = z / T (module docstring).
 
     Not differentiable (the set is a step function of the logits); callers renormalise over it."""
+    import torch
+
     scaled = scaled.detach().float()
     keep = torch.ones_like(scaled, dtype=torch.bool)
     vocab = scaled.shape[-1]
