@@ -13,7 +13,9 @@ name again (`open_weight_file`), so renaming files or directories between the ch
 read cannot redirect a read:
 
 - the name is resolved (`os.path.realpath`) and must lie under a root (else 403, before it is
-  opened); a link that resolves inside the roots is followed this once: its target is opened
+  opened; a name that changes while it is resolved, a link when `lstat` looks and a file when
+  `readlink` reads it, is 400 like any unreadable path); a link that resolves inside the roots
+  is followed this once: its target is opened
   with `O_NOFOLLOW` (a name that became a link meanwhile fails to open: 400) and `O_NONBLOCK`
   (a FIFO opens without waiting for a writer);
 - the open descriptor must be a regular file (`fstat`, else 400) that really lies under a root
