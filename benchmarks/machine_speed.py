@@ -5,7 +5,8 @@
 Machines of one kind differ by up to ~1.8x from day to day, so a time measured here means little alone. This
 measures, single-threaded and in a few seconds, the work the suite and a small `rl` run spend their time on:
 
-- `import`: a fresh `python -c "import torch, transformers.AutoTokenizer"` (every process the suite starts pays it);
+- `import`: a fresh `python -c "import torch; from transformers import AutoTokenizer"` (every process the suite
+  starts pays it);
 - `python`: an interpreter loop (the event loops, packing, config and test code);
 - `torch`: small float32 matmuls and a log-softmax (the tiny models' forward and backward).
 
