@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
-from prime_rl.utils.tiny_model import save_random_model
+from prime_rl.models.tiny_model import save_random_model
 
 
 def main() -> None:

@@ -105,7 +105,7 @@ def main() -> None:
         model_dir = args.model
         if model_dir is None:
             sys.path.insert(0, str(SRC))
-            from prime_rl.utils.tiny_model import save_random_model
+            from prime_rl.models.tiny_model import save_random_model
 
             model_dir = str(save_random_model(Path(tmp) / "model", seed=0))
         proc, url = start(args, model_dir, Path(tmp) / "server.log")

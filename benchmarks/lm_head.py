@@ -1,5 +1,5 @@
 """The trainer's LM head alone: logprobs + entropies of T tokens and their backward, chunked
-(`trainer/lm_head.py`) against the full [T, V] logits, on the current device.
+(`trainer/chunked_logprobs.py`) against the full [T, V] logits, on the current device.
 
     uv run python benchmarks/lm_head.py                                   # GPU: bf16, H = 2048, V = 151,936
     uv run python benchmarks/lm_head.py --tokens 4096,16384 --chunk-elements 33554432,268435456
@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from prime_rl.trainer import lm_head
-from prime_rl.utils.sampling_rule import SamplingRule
+from prime_rl.models.sampling_rule import SamplingRule
+from prime_rl.trainer import chunked_logprobs as lm_head
 
 
 def full(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

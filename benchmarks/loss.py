@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from prime_rl.trainer.rl.loss import LossInputs, LossScale, build_loss, log_ratio_moments, scale_counts
+from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss, log_ratio_moments, scale_counts
 
 VARIANTS = ["default", "sapo", "cispo", "vanilla", "grpo", "bnpo", "dr_grpo", "dapo", "gspo", "gspo_token", "fipo",
             "is_reshape"]  # fmt: skip

@@ -19,8 +19,8 @@ import torch
 from prime_rl.advantages.group import grpo
 from prime_rl.batch_format import write_step
 from prime_rl.envs import load_env
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.batch import Sample, pack_batch
-from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def main() -> None:

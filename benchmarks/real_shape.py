@@ -9,7 +9,7 @@ Qwen3 tokenizer (`tests/support/real_tokenizers.py`), `--steps` synthetic rollou
 128-token prompt and the rest completion) are written, and the real RL trainer runs them in-process. Reported:
 peak RSS of the process (`ru_maxrss`; on a GPU also the trainer's peak GPU memory), the median step time after
 the first and tokens/s, and the growth of peak RSS per token between consecutive row lengths. `--full-logits`
-scores from the model's full logits (the path every model took before `trainer/lm_head.py`) to measure the
+scores from the model's full logits (the path every model took before `trainer/chunked_logprobs.py`) to measure the
 difference.
 """
 
@@ -34,7 +34,7 @@ def one(row_len: int, steps: int, full_logits: bool, chunk_elements: int | None)
     from tests.support.real_tokenizers import REAL_TOKENIZERS, save_tiny_model
     from tests.support.synthetic_batches import random_step, write_random_step
 
-    from prime_rl.trainer import lm_head
+    from prime_rl.trainer import chunked_logprobs as lm_head
     from prime_rl.trainer import model as trainer_model
     from prime_rl.trainer.config import TrainerConfig
     from prime_rl.trainer.rl.train import train
@@ -73,7 +73,8 @@ def main() -> None:
     parser.add_argument("--row-lens", default="1024,4096,8192,16384")
     parser.add_argument("--steps", type=int, default=3, help="trainer steps per row length (the first is warm-up)")
     parser.add_argument("--full-logits", action="store_true", help="score from the full logits (the old path)")
-    parser.add_argument("--chunk-elements", type=int, default=None, help="logits per chunk (trainer/lm_head.py)")
+    parser.add_argument("--chunk-elements", type=int, default=None,
+                        help="logits per chunk (trainer/chunked_logprobs.py)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one row length
     args = parser.parse_args()
     if args.one:

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from tests.support.inference_server import start_server, stop_server  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from prime_rl.models.embedded import resolve_model_path  # noqa: E402
 from prime_rl.orchestrator.batch import Sample  # noqa: E402
 from prime_rl.orchestrator.config import ClientConfig, TeacherConfig  # noqa: E402
-from prime_rl.orchestrator.teacher import Teacher  # noqa: E402
-from prime_rl.utils.embedded_models import resolve_model_path  # noqa: E402
+from prime_rl.orchestrator.teacher_scoring import Teacher  # noqa: E402
 from prime_rl.utils.net import free_port  # noqa: E402
 
 

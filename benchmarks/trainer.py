@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from prime_rl.models.char_tokenizer import build_char_tokenizer
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.perf import num_parameters
 from prime_rl.trainer.rl.train import train
-from prime_rl.utils.char_tokenizer import build_char_tokenizer
 
 # the repository root: tests.support, the test suite's batch generator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

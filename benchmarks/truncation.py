@@ -14,8 +14,8 @@ import time
 
 import torch
 
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.trainer.model import token_logprobs
-from prime_rl.utils.sampling_rule import SamplingRule
 
 RULES = {"none": SamplingRule(), "top_k=20": SamplingRule(top_k=20), "min_p=0.05": SamplingRule(min_p=0.05),
          "top_p=0.9": SamplingRule(top_p=0.9), "all three": SamplingRule(top_k=20, top_p=0.9, min_p=0.05)}

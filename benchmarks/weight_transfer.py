@@ -32,9 +32,9 @@ from prime_rl.configs.shared import ModelConfig
 from prime_rl.trainer.config import RuntimeConfig
 from prime_rl.trainer.dist import init_distributed
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
-from prime_rl.trainer.weights import send_weights, write_weights
+from prime_rl.trainer.publish_weights import send_weights, write_weights
 from prime_rl.utils.net import free_port
-from prime_rl.utils.weight_transfer import open_group, receive
+from prime_rl.weight_transfer import open_group, receive
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer import PRESETS, make_model  # noqa: E402 (benchmarks/trainer.py)

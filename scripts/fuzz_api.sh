@@ -24,7 +24,7 @@ if [ ! -x "$out/venv/bin/st" ]; then
     uv venv -q "$out/venv"
     VIRTUAL_ENV=$out/venv uv pip install -q "schemathesis==4.32.5"
 fi
-uv run python -c "from prime_rl.utils.tiny_model import save_random_model; save_random_model('$out/model', seed=0)" \
+uv run python -c "from prime_rl.models.tiny_model import save_random_model; save_random_model('$out/model', seed=0)" \
     > "$out/model.log" 2>&1
 PRIME_API_KEY=$key uv run inference --model.name "$out/model" --port "$port" --seq-len 128 \
     --weight-dirs "[\"$out/weights\"]" > "$out/server.log" 2>&1 &

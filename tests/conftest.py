@@ -26,7 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A random tiny Qwen3 (hidden 64, 2 layers) with the char tokenizer, saved in HF format."""
-    from prime_rl.utils.tiny_model import save_random_model
+    from prime_rl.models.tiny_model import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("tiny_model"), seed=0, hidden_size=64, num_layers=2)
 

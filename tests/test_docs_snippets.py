@@ -27,7 +27,7 @@ import pytest
 
 from prime_rl.configs.cli import build_config
 from prime_rl.envs import ENVIRONMENTS, Environment
-from prime_rl.envs.base import Rollout
+from prime_rl.envs.environment import Rollout
 from prime_rl.envs.tools import ToolEnvironment
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import weights_dir
@@ -175,7 +175,7 @@ def test_the_pages_covered_are_every_page_of_the_docs():
 
 
 def test_a_broken_python_block_fails(tmp_path):
-    broken = "from prime_rl.envs.base import Example, Reward, SyntheticEnvironment\n" \
+    broken = "from prime_rl.envs.environment import Example, Reward, SyntheticEnvironment\n" \
              "class Stub(SyntheticEnvironment):\n    id = 'stub'\n    def make_example(self, rng): ...\n" \
              "    async def score(self, example, completion):\n        return Reward(1.0)\n"
     with pytest.raises(AttributeError):  # the stub's example is None

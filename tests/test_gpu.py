@@ -88,7 +88,7 @@ def test_flash_attention_layout_matches_sdpa_on_shared_prompts(tiny_model_dir):
 
 
 def _nccl_receiver(address: str, queue) -> None:  # pragma: no cover - a GPU child process
-    from prime_rl.utils.weight_transfer import open_group, receive
+    from prime_rl.weight_transfer import open_group, receive
 
     torch.cuda.set_device(1)
     group = open_group(address, 1, 2, 120, torch.device("cuda", 1))
@@ -103,7 +103,7 @@ def test_weight_transfer_over_nccl_is_bitwise():
     import multiprocessing as mp
     import socket
 
-    from prime_rl.utils.weight_transfer import open_group, send
+    from prime_rl.weight_transfer import open_group, send
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -119,11 +119,37 @@ def test_the_circle_check_sees_imports_under_type_checking_and_in_functions(tmp_
 
 def test_only_run_dir_spells_run_directory_names():
     names = {run_dir.CONFIGS, run_dir.ROLLOUTS, run_dir.WEIGHTS, run_dir.CHECKPOINTS, run_dir.LOGS, run_dir.METRICS,
-             run_dir.METRICS_PLOT, run_dir.MARKER, run_dir.RUN_LOCK, run_dir.NODES, run_dir.SLURM}
+             run_dir.METRICS_PLOT, run_dir.MARKER, run_dir.RUN_LOCK, run_dir.NODES, run_dir.SLURM,
+             run_dir.TRANSFER_MARKER}
     found = [f"{path.relative_to(SRC)}:{node.lineno} {node.value!r}"
              for path, tree in modules() if path.name != "run_dir.py"
              for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in names]
     assert not found, f"run-directory names outside run_dir.py: {found}"
+
+
+def test_utils_holds_leaf_helpers_only():
+    # utils/ is the ground floor: every other layer may use it, so it may use nothing of prime_rl but itself (a
+    # helper that needs the run directory, a model or a chat belongs with those).
+    upward = {f"{path.relative_to(SRC)} imports {name}"
+              for path, tree in modules(SRC / "utils") for name in imported(tree)
+              if not name.startswith("prime_rl.utils")}
+    assert not upward
+
+
+SHARED_FILE_NAMES = {"__init__.py", "config.py", "train.py"}
+"""File names several folders may use: the per-component conventions (each component's config, each trainer's
+loop)."""
+
+
+def test_no_two_modules_share_a_file_name():
+    # A search for `weights.py` or `ckpt` must find one thing: files that hold different things have names that
+    # say which (`trainer_ckpt.py`, `orchestrator_ckpt.py`).
+    by_name: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        by_name.setdefault(path.name, []).append(str(path.relative_to(SRC)))
+    shared = {name: sorted(paths) for name, paths in by_name.items()
+              if len(paths) > 1 and name not in SHARED_FILE_NAMES}
+    assert not shared
 
 
 def test_configs_is_a_base_layer():

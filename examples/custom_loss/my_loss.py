@@ -2,7 +2,7 @@
 
 import torch
 
-from prime_rl.trainer.rl.loss import LossInputs
+from prime_rl.trainer.rl.losses import LossInputs
 
 
 def capped_reinforce(inputs: LossInputs, max_weight: float = 2.0) -> torch.Tensor:

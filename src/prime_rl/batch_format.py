@@ -6,7 +6,7 @@
       "step": N,                       # the optimizer step this batch is for
       "temperature": float,            # sampling temperature (trainer divides logits by it)
       "top_k": int, "top_p": float, "min_p": float,   # the sampler's truncation (-1, 1.0, 0.0: none; absent
-                                       # in files of older versions, read as none): `utils.sampling_rule`
+                                       # in files of older versions, read as none): `models.sampling_rule`
       "max_tokens": int,               # completion budget per sample (LossScale's L)
       "advantage": str,                # the orchestrator's advantage type (absent in older files); the
                                        # trainer's must agree: a token-level type computes them itself
@@ -47,9 +47,9 @@ from pathlib import Path
 
 import torch
 
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.run_dir import rollout_dir, rollout_file
 from prime_rl.utils.fs import atomic_dir
-from prime_rl.utils.sampling_rule import SamplingRule
 
 OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs", "rewards")
 OPTIONAL_SAMPLE_FIELDS = ("sample_groups", "sample_rewards")

@@ -61,6 +61,7 @@ WANDB = "wandb"
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
 NODES = "nodes"  # a split run's server nodes (`node_dir`): not a run artifact
+TRANSFER_MARKER = "transfer.json"  # weights/step_N/transfer.json: step N went over the distributed group
 SLURM = "slurm-job"  # `rl --slurm.nodes N`'s job script, its config and output (`slurm_dir`): not a run artifact
 
 RUN_ARTIFACTS = (ROLLOUTS, WEIGHTS, CHECKPOINTS, LOGS, CONFIGS, WANDB, METRICS, f"{METRICS}.lock", METRICS_PLOT)

@@ -12,7 +12,7 @@ import torch
 from prime_rl.advantages.kl import kl_group_advantages, sample_table, token_rewards
 from prime_rl.advantages.token import gae
 from prime_rl.configs.advantage import GrpoAdvantageConfig, RlooAdvantageConfig, RppBaselineAdvantageConfig
-from prime_rl.trainer.rl.loss import kl_estimate
+from prime_rl.trainer.rl.losses import kl_estimate
 from prime_rl.utils.errors import UserError
 from tests.advantages.test_token import LENS, MASK, REWARDS
 

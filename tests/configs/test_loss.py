@@ -12,7 +12,7 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from prime_rl.configs.loss import LossConfig
-from prime_rl.trainer.rl.loss import LossInputs, LossScale, build_loss, compute_step_loss, parse_loss_config
+from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss, compute_step_loss, parse_loss_config
 from prime_rl.utils.errors import ConfigError
 from tests.support import REPO
 
@@ -186,7 +186,7 @@ def test_custom_summed_loss_and_metrics():
 def sapo_through_the_view_contract(view, **kwargs):
     """A custom loss written as the built-ins are (`contract = "view"`): here it is the built-in SAPO itself."""
     from prime_rl.configs.loss import SapoLossConfig
-    from prime_rl.trainer.rl.loss import sapo_loss
+    from prime_rl.trainer.rl.losses import sapo_loss
 
     return sapo_loss(SapoLossConfig(**kwargs), view)
 

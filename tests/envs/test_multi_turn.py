@@ -9,9 +9,9 @@ import itertools
 import pytest
 
 from prime_rl.envs import load_env
-from prime_rl.envs.base import Rollout
+from prime_rl.envs.environment import Rollout
+from prime_rl.models.char_tokenizer import build_char_tokenizer
 from prime_rl.trainer.sft.data import sft_chat, tokenize_conversation
-from prime_rl.utils.char_tokenizer import build_char_tokenizer
 from prime_rl.utils.errors import UserError
 
 

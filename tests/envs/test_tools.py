@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from prime_rl.chat.tool_calls import format_tool_call
 from prime_rl.envs import load_env
-from prime_rl.envs.base import EnvReply, Example, Reward, Rollout
+from prime_rl.envs.environment import EnvReply, Example, Reward, Rollout
 from prime_rl.envs.tools import ToolEnvironment
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.tool_calls import format_tool_call
 from tests.support import REPO
 
 ROOT = REPO
@@ -161,7 +161,7 @@ def test_a_hanging_tool_times_out_without_holding_the_rollout(tool):
 def test_a_hung_tool_thread_does_not_keep_the_process_alive():
     script = textwrap.dedent("""
         import asyncio, time
-        from prime_rl.utils.tool_calls import format_tool_call
+        from prime_rl.chat.tool_calls import format_tool_call
         from tests.envs.test_tools import EXAMPLE, Toolbox
         env = Toolbox(tool_timeout_s=0.2)
         messages = [{"role": "assistant", "content": format_tool_call("hang", {"seconds": 600.0})}]

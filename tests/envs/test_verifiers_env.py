@@ -11,11 +11,11 @@ import types
 
 import pytest
 
+from prime_rl.chat.tool_calls import format_tool_call
 from prime_rl.envs import load_env
-from prime_rl.envs.base import Rollout
+from prime_rl.envs.environment import Rollout
 from prime_rl.envs.verifiers_env import VerifiersEnv, VerifiersToolEnv
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.tool_calls import format_tool_call
 from tests.support import TASKSETS
 
 vf = pytest.importorskip("verifiers.v1", reason="the 'verifiers' extra is not installed")

@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from prime_rl.inference.adapter_check import verify_adapter_dir
 from prime_rl.inference.builtin.engine import Engine
-from prime_rl.inference.weights import WeightPathForbidden
+from prime_rl.inference.weight_dirs import WeightPathForbidden
+from prime_rl.models.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from tests.support.lora_adapters import logits, lora_model, write_adapter
 from tests.support.weight_dirs import check_weight_dir
 

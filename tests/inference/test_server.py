@@ -21,9 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
+from prime_rl.models.sampling_rule import SamplingRule
+from prime_rl.models.tiny_model import save_random_model
 from prime_rl.trainer.model import compute_logprobs
-from prime_rl.utils.sampling_rule import SamplingRule
-from prime_rl.utils.tiny_model import save_random_model
 from tests.support.inference_server import (
     VLLM_CPU_ARGS,
     VLLM_SKIP_REASON,

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from prime_rl.utils.sampling_rule import SamplingRule
+from prime_rl.models.sampling_rule import SamplingRule
 from tests.support.inference_probe import probe_server, request_probes, weight_probes
 from tests.support.inference_server import builtin_server, make_weight_root
 from tests.support.weight_dirs import mismatched_dirs

@@ -17,12 +17,12 @@ from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.inference.builtin.engine import Engine
 from prime_rl.inference.transfer import TransferReceiver
+from prime_rl.run_dir import TRANSFER_MARKER as MARKER
 from prime_rl.run_dir import weights_dir
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import train
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.net import free_port
-from prime_rl.utils.weight_transfer import MARKER
 from tests.support import REPO
 from tests.support.rl_in_process import on_policy_run
 from tests.support.synthetic_batches import random_step, write_random_step

@@ -21,7 +21,7 @@ from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.config import BACKENDS, InferenceConfig
 from prime_rl.inference.gate import WeightGate
 from prime_rl.inference.protocol import ChatRequest, Completion, CompletionRequest, SamplingFields
-from prime_rl.inference.weights import WeightDir
+from prime_rl.inference.weight_dirs import WeightDir
 
 ANSWER, LOGPROB = "toy!", -0.5
 

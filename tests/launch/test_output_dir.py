@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 
+from prime_rl import run_lock
 from prime_rl.configs.cli import build_config
 from prime_rl.launch import output_dir
 from prime_rl.launch.output_dir import check_writable, delete, mark, plan
@@ -17,7 +18,6 @@ from prime_rl.launch.processes import Child
 from prime_rl.launch.rl import launch
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import MARKER, RUN_ARTIFACTS, RUN_LOCK
-from prime_rl.utils import run_lock
 from prime_rl.utils.checksums import write_manifest
 from prime_rl.utils.errors import ConfigError
 

@@ -14,8 +14,8 @@ from prime_rl.launch.plan import prepare_output_dir
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import MARKER
+from prime_rl.run_report import MetricsTail, summary_lines, write_plot
 from prime_rl.utils.errors import ConfigError, UserError
-from prime_rl.utils.run_report import MetricsTail, summary_lines, write_plot
 
 
 def rl_config(tmp_path, *extra):
@@ -260,7 +260,7 @@ def test_the_plot_has_a_panel_per_metric_with_n_a_for_absent_ones_and_turn_panel
                                                                                                         monkeypatch):
     import matplotlib.axes
 
-    from prime_rl.utils import run_report as report
+    from prime_rl import run_report as report
 
     texts, panels = [], []
     monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, *a, **k: texts.append(a[2]))

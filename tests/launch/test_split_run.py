@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from prime_rl.utils import run_lock
+from prime_rl import run_lock
 from prime_rl.utils.net import free_port
 from tests.support.entrypoints import run_entrypoint
 from tests.support.rl_runs import rows_by_source

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from prime_rl.batch_format import read_rank, segment_roots, write_step
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.batch import Sample, assign_rows, make_units, micro_batch, pack_batch, unit_length
 from prime_rl.utils.packing import first_fit_decreasing
-from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def sample(prompt_len: int, completion_len: int, advantage: float = 0.5, step: int = 3, train: bool = True) -> Sample:

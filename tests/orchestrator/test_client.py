@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator import client as client_module
 from prime_rl.orchestrator.client import InferenceClient, InferenceError
 from prime_rl.orchestrator.config import ClientConfig
-from prime_rl.utils.sampling_rule import SamplingRule
 
 GOOD = (b'{"prompt_token_ids": [1], "weight_step": 3, "choices": [{"index": 0, "token_ids": [5], '
         b'"finish_reason": "stop", "logprobs": {"content": [{"logprob": -1.0}]}}]}')

@@ -12,10 +12,10 @@ import asyncio
 import pytest
 
 from prime_rl.batch_format import read_rank
-from prime_rl.orchestrator.ckpt import OrchestratorState
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import Orchestrator
+from prime_rl.orchestrator.orchestrator_ckpt import OrchestratorState
 from prime_rl.run_dir import rollout_dir, weights_dir
 
 BASE = 10  # token id = BASE + the weight step it was sampled under

@@ -9,7 +9,10 @@ import itertools
 
 import pytest
 
-from prime_rl.envs.base import EnvReply, Example, MultiTurnEnvironment, Reward
+from prime_rl.chat.template_tokens import ChatTokens
+from prime_rl.envs.environment import EnvReply, Example, MultiTurnEnvironment, Reward
+from prime_rl.models.char_tokenizer import build_char_tokenizer
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator import env_calls
 from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
@@ -19,9 +22,6 @@ from prime_rl.orchestrator.draws import Draw
 from prime_rl.orchestrator.env_calls import EnvironmentFailed
 from prime_rl.orchestrator.metrics import rollout_metrics
 from prime_rl.orchestrator.rollouts import GroupGenerator, RolloutSettings
-from prime_rl.utils.char_tokenizer import build_char_tokenizer
-from prime_rl.utils.chat_tokens import ChatTokens
-from prime_rl.utils.sampling_rule import SamplingRule
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id

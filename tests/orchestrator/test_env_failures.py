@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from prime_rl.envs import Example, Reward
-from prime_rl.envs.base import Environment
+from prime_rl.envs.environment import Environment
 from prime_rl.orchestrator import env_calls, rollouts
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig

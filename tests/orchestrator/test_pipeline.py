@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from prime_rl.batch_format import read_rank
-from prime_rl.orchestrator.ckpt import OrchestratorState, load_state, rng_to_json
 from prime_rl.orchestrator.client import ChatResult, InferenceError, RolloutCompletion
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import Orchestrator, run_steps
+from prime_rl.orchestrator.orchestrator_ckpt import OrchestratorState, load_state, rng_to_json
 
 REQUESTS_PER_STEP = 2  # batch_size 8 / rollouts_per_example 4
 

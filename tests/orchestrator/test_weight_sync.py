@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from prime_rl.orchestrator.ckpt import OrchestratorState, load_state, save_state
 from prime_rl.orchestrator.client import InferenceError, parse_chat_response, server_root
+from prime_rl.orchestrator.orchestrator_ckpt import OrchestratorState, load_state, save_state
 from prime_rl.orchestrator.weight_sync import WeightSync, min_weight_step
 from prime_rl.run_dir import resolve_resume_step
 from prime_rl.utils.errors import UserError

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from prime_rl.models.char_tokenizer import build_char_tokenizer
 from prime_rl.trainer.config import LoRAConfig
 from prime_rl.trainer.lora import LoRAWeights, apply_lora
-from prime_rl.trainer.weights import write_weights
-from prime_rl.utils.char_tokenizer import build_char_tokenizer
+from prime_rl.trainer.publish_weights import write_weights
 
 
 def lora_model(model_dir: Path, seed: int = 0, **lora):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import string
 
-from prime_rl.envs.base import EnvReply, Example, MultiTurnEnvironment, Reward, SyntheticEnvironment
+from prime_rl.envs.environment import EnvReply, Example, MultiTurnEnvironment, Reward, SyntheticEnvironment
 
 
 class ToolChat(MultiTurnEnvironment, SyntheticEnvironment):

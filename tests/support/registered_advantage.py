@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from prime_rl.configs.advantage import ADVANTAGES, AdvantageBase
-from prime_rl.configs.registry import registered_name
+from prime_rl.configs.extensions import registered_name
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.trainer.config import TrainerConfig

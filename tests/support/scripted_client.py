@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from prime_rl.batch_format import read_rank
-from prime_rl.orchestrator.ckpt import OrchestratorState
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import Orchestrator
+from prime_rl.orchestrator.orchestrator_ckpt import OrchestratorState
 
 
 class ScriptedClient:

@@ -78,7 +78,7 @@ def mismatched_dirs(model_dir: Path, root: Path) -> dict[str, tuple[Path, str]]:
 
 def check_weight_dir(path, step, roots) -> tuple:
     """The checks of `weights.open_update_dir`, the files closed again: (the resolved directory, its weight step)."""
-    from prime_rl.inference.weights import open_update_dir
+    from prime_rl.inference.weight_dirs import open_update_dir
 
     with open_update_dir(path, step, roots) as weights:
         return weights.path, weights.step

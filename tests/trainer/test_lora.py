@@ -12,14 +12,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from prime_rl.configs.cli import parse_config
+from prime_rl.models.char_tokenizer import build_char_tokenizer
+from prime_rl.models.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, lora_delta, lora_scale
 from prime_rl.trainer.config import LoRAConfig, TrainerConfig
 from prime_rl.trainer.dist import init_distributed
 from prime_rl.trainer.lora import apply_lora, check_resume, checkpoint_identity
-from prime_rl.trainer.weights import write_weights
-from prime_rl.utils.char_tokenizer import build_char_tokenizer
+from prime_rl.trainer.publish_weights import write_weights
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import list_steps
-from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, lora_delta, lora_scale
 from tests.support.lora_adapters import logits, lora_model
 
 IDS = [5, 17, 30, 2, 44, 61, 9]

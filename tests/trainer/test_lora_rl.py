@@ -10,10 +10,10 @@ import pytest
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from prime_rl.models.embedded import EMBEDDED_MODELS
+from prime_rl.models.lora_adapter import ADAPTER_CONFIG
 from prime_rl.run_dir import weights_dir
 from prime_rl.trainer.sft.train import main as sft_main
-from prime_rl.utils.embedded_models import EMBEDDED_MODELS
-from prime_rl.utils.lora import ADAPTER_CONFIG
 from tests.support.rl_in_process import on_policy_run
 
 pytestmark = [pytest.mark.slow]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.batch import Sample, micro_batch
 from prime_rl.trainer.attention_layout import flash_layout, padded_layout
 from prime_rl.trainer.model import (
@@ -15,7 +16,6 @@ from prime_rl.trainer.model import (
     forward_rows_logits,
     token_logprobs,
 )
-from prime_rl.utils.sampling_rule import SamplingRule
 
 
 @pytest.fixture(scope="module")

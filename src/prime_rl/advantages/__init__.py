@@ -13,9 +13,9 @@ by the orchestrator and the trainer alike; it imports neither (nor any other com
 Every type is a config class in `configs/advantage.py` that says where it is computed (`computed_in`), and a
 function here registered with `@ADVANTAGES.implements(ItsConfig)`; the contract of each kind is in that
 module's docstring. Each process dispatches on `computed_in`: the orchestrator (`orchestrator.py`) computes
-its types and writes 0 with the rewards for the others; the trainer (`trainer/rl/advantage.py`) computes its
+its types and writes 0 with the rewards for the others; the trainer (`trainer/rl/step_advantages.py`) computes its
 types and recomputes a group type with `kl_in_reward`, with the reference model, the critic and its ranks.
-What a loss then does with A (`loss.adv_tau`, `teacher_tau`, `kl_tau`) is the loss's (`trainer/rl/loss.py`).
+What a loss then does with A (`loss.adv_tau`, `teacher_tau`, `kl_tau`) is the loss's (`trainer/rl/losses.py`).
 """
 
 from prime_rl.advantages import group, token  # noqa: F401  (registers the built-in types' functions)

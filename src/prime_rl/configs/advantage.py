@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from prime_rl.configs.base import BaseConfig
-from prime_rl.configs.registry import Registry
+from prime_rl.configs.extensions import Registry
 from prime_rl.utils.imports import import_callable
 
 ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.advantages")

@@ -90,7 +90,7 @@ class EntrypointConfig(BaseSettings):
     # nested sections (rl's shared keys, which its components inherit).
     command: ClassVar[str] = ""
     help_hidden: ClassVar[tuple[str, ...]] = ()
-    # How the command holds its output_dir's run lock when started by hand (`utils/run_lock.py`): "shared" (the
+    # How the command holds its output_dir's run lock when started by hand (`run_lock.py`): "shared" (the
     # trainer and orchestrator of one run side by side), "exclusive", or None (no output_dir, or the lock is
     # taken later: rl's `prepare_run_dir`).
     run_lock: ClassVar[str | None] = None

@@ -28,9 +28,9 @@ from prime_rl.configs.env_vars import ENV_PREFIX, env_name, unknown_env_vars
 from prime_rl.configs.layers import config_layers
 from prime_rl.configs.strict import check_bare_flags
 from prime_rl.configs.toml_io import deep_merge, dump_toml, read_toml
+from prime_rl.run_lock import take_for_component
 from prime_rl.utils.disk import as_disk_error
 from prime_rl.utils.errors import ConfigError, PrimeError
-from prime_rl.utils.run_lock import take_for_component
 
 C = TypeVar("C", bound=EntrypointConfig)
 
@@ -290,7 +290,7 @@ def parse_config(config_cls: type[C], argv: Sequence[str] | None = None) -> C:
 
 
 def run_main(config_cls: type[C], body: Callable[[C], Any], argv: Sequence[str] | None = None) -> None:
-    """The shape of every entrypoint: parse the config, hold the run directory's lock (`utils/run_lock.py`), run,
+    """The shape of every entrypoint: parse the config, hold the run directory's lock (`run_lock.py`), run,
     turn known errors into one line."""
     config = parse_config(config_cls, argv)
     try:

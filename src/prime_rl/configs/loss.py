@@ -1,7 +1,7 @@
 """`[loss]`: a discriminated union on `type`, one pydantic model per loss variant.
 
 Every variant is registered in `LOSSES` (`@LOSSES.config`); its function, in
-`prime_rl.trainer.rl.loss`, registers with `@LOSSES.implements(ItsConfig)`, and `LossConfig`
+`prime_rl.trainer.rl.losses`, registers with `@LOSSES.implements(ItsConfig)`, and `LossConfig`
 is the union of the registered classes. See docs/losses.md for the formulas, defaults and papers.
 Every variant has a `normalization` (with its own default), an optional KL-to-reference term
 (`kl_coef`, `kl_type`) and an entropy bonus (`entropy_coef`).
@@ -15,10 +15,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from prime_rl.configs.base import BaseConfig
-from prime_rl.configs.registry import Registry
+from prime_rl.configs.extensions import Registry
 from prime_rl.utils.imports import import_callable
 
-LOSSES: Registry[Any] = Registry("loss", implemented_in="prime_rl.trainer.rl.loss")
+LOSSES: Registry[Any] = Registry("loss", implemented_in="prime_rl.trainer.rl.losses")
 
 Normalization = Literal["token", "sequence", "token_local", "constant"]
 KLType = Literal["k1", "k2", "k3", "low_var_kl"]

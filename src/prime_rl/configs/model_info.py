@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prime_rl.utils.embedded_models import EMBEDDED_MODELS, looks_like_local_path, resolve_model_path
+from prime_rl.models.embedded import EMBEDDED_MODELS, looks_like_local_path, resolve_model_path
 from prime_rl.utils.errors import UserError
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions")

@@ -10,7 +10,7 @@ from pydantic import Field
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.model_info import context_length
 from prime_rl.configs.validators import OutputDir
-from prime_rl.utils.embedded_models import resolve_model_path
+from prime_rl.models.embedded import resolve_model_path
 
 PositiveInt = Annotated[int, Field(gt=0)]
 AsyncLevel = Annotated[int, Field(ge=0)]

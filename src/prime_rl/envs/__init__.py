@@ -17,7 +17,7 @@ from prime_rl.envs import (  # noqa: F401  (each registers its built-in)
     reverse_text,
     reverse_text_hint,
 )
-from prime_rl.envs.base import Environment, Example, Reward, SyntheticEnvironment
+from prime_rl.envs.environment import Environment, Example, Reward, SyntheticEnvironment
 from prime_rl.envs.registry import ENVIRONMENTS, load_env, register_env
 
 __all__ = ["ENVIRONMENTS", "Environment", "Example", "Reward", "SyntheticEnvironment", "load_env", "register_env"]

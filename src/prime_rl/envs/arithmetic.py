@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from prime_rl.envs.base import Example, Reward, SyntheticEnvironment, chat_prompt, require
+from prime_rl.envs.environment import Example, Reward, SyntheticEnvironment, chat_prompt, require
 from prime_rl.envs.registry import register_env
 
 SYSTEM_PROMPT = "Compute."

@@ -24,10 +24,10 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from prime_rl.envs.base import Example, Reward, Rollout, SyntheticEnvironment, chat_prompt, require
+from prime_rl.chat.tool_calls import parse_tool_calls
+from prime_rl.envs.environment import Example, Reward, Rollout, SyntheticEnvironment, chat_prompt, require
 from prime_rl.envs.registry import register_env
 from prime_rl.envs.tools import ERROR, ToolEnvironment
-from prime_rl.utils.tool_calls import parse_tool_calls
 
 
 def multiply(a: int, b: int) -> int:

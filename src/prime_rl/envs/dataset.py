@@ -35,8 +35,8 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from prime_rl.envs.base import Environment, Example, Reward, chat_prompt
 from prime_rl.envs.data_files import RowRef, load_rows
+from prime_rl.envs.environment import Environment, Example, Reward, chat_prompt
 from prime_rl.envs.registry import register_env
 from prime_rl.envs.reward_functions import RewardFn, resolve_rewards
 from prime_rl.utils.errors import UserError

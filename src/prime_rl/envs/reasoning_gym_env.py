@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from prime_rl.envs.base import Environment, Example, Reward, chat_prompt, require
+from prime_rl.envs.environment import Environment, Example, Reward, chat_prompt, require
 from prime_rl.envs.registry import register_env
 from prime_rl.envs.reward_functions import EXTRACTIONS, extract_answer
 from prime_rl.utils.errors import UserError

@@ -12,8 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from prime_rl.configs.registry import same_definition
-from prime_rl.envs.base import Environment
+from prime_rl.configs.extensions import same_definition
+from prime_rl.envs.environment import Environment
 from prime_rl.envs.verifiers_env import load_verifiers_env
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.imports import import_object

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import string
 
-from prime_rl.envs.base import Example, Reward, SyntheticEnvironment, chat_prompt, require
+from prime_rl.envs.environment import Example, Reward, SyntheticEnvironment, chat_prompt, require
 from prime_rl.envs.registry import register_env
 from prime_rl.envs.rewards import lcs_ratio
 

@@ -21,7 +21,7 @@ import random
 import string
 from typing import Any
 
-from prime_rl.envs.base import EnvReply, Example, MultiTurnEnvironment, Reward, Rollout, require
+from prime_rl.envs.environment import EnvReply, Example, MultiTurnEnvironment, Reward, Rollout, require
 from prime_rl.envs.registry import register_env
 from prime_rl.envs.reverse_text import ReverseTextEnv
 from prime_rl.envs.rewards import lcs_ratio

@@ -2,7 +2,7 @@
 
 A subclass lists its tools in `tool_functions()` (plain functions or bound methods, sync or
 async, called with keyword arguments); `tools` are their OpenAI schemas, built from each
-signature and docstring (`utils/tool_calls.function_schema`). After each policy turn,
+signature and docstring (`chat/tool_calls.function_schema`). After each policy turn,
 `respond` reads the turn's `<tool_call>` blocks (Hermes / Qwen format) and answers each
 with one `tool` message, in the order written; a turn without a block ends the rollout.
 
@@ -30,8 +30,8 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from prime_rl.envs.base import EnvReply, Example, MultiTurnEnvironment, require
-from prime_rl.utils.tool_calls import MalformedCall, ToolCall, format_tool_call, function_schema, parse_tool_calls
+from prime_rl.chat.tool_calls import MalformedCall, ToolCall, format_tool_call, function_schema, parse_tool_calls
+from prime_rl.envs.environment import EnvReply, Example, MultiTurnEnvironment, require
 
 ERROR = "error:"
 """How every failed call's tool message starts."""

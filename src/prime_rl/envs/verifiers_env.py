@@ -64,10 +64,10 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prime_rl.envs.base import Environment, EnvReply, Example, Reward, Rollout
+from prime_rl.chat.tool_calls import parse_tool_calls
+from prime_rl.envs.environment import Environment, EnvReply, Example, Reward, Rollout
 from prime_rl.envs.tools import ToolEnvironment
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.tool_calls import parse_tool_calls
 
 TASK_KEY = "verifiers_task"  # Example.info key: the index of the task the example came from
 ADAPTER_ARGS = ("max_turns", "tool_timeout_s", "max_tool_output_chars")

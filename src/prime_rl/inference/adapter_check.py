@@ -1,6 +1,6 @@
 """Does a LoRA adapter directory fit the served model? Checked before an update changes anything.
 
-An adapter directory (`prime_rl.utils.lora`: `adapter_config.json` + `adapter_model.safetensors`,
+An adapter directory (`prime_rl.models.lora_adapter`: `adapter_config.json` + `adapter_model.safetensors`,
 as peft saves it) is refused (UserError, HTTP 400) unless
 
 - `adapter_config.json` is a JSON object of a plain LoRA: `peft_type` "LORA", an integer `r` >= 1,
@@ -10,12 +10,12 @@ as peft saves it) is refused (UserError, HTTP 400) unless
   for a `<module>` whose `<module>.weight` is a 2-d, untied weight [out, in] of the served model,
   each module has both, A is [r, in] and B is [out, r], in a float dtype a trainer writes; or
   `base_model.model.<name>` for an untied weight `<name>` of the served model whose module
-  `modules_to_save` names (`utils.lora.is_saved_module`), of that weight's shape, in such a dtype;
+  `modules_to_save` names (`models.lora_adapter.is_saved_module`), of that weight's shape, in such a dtype;
 - every value is finite (each tensor is read once);
 - both files are regular files, read through the descriptors they were checked on (an update's
   `weights.WeightDir`: opened once and checked against the allowed roots by `weights.open_update_dir`).
 
-The adapter then changes each module's weight to W0 + scale * B @ A (`utils.lora`), with
+The adapter then changes each module's weight to W0 + scale * B @ A (`models.lora_adapter`), with
 scale = lora_alpha / r (lora_alpha / sqrt(r) with `use_rslora`), and sets each saved weight.
 """
 
@@ -35,9 +35,9 @@ from prime_rl.inference.weight_check import (
     read_file_specs,
     read_json_object,
 )
-from prime_rl.inference.weights import WeightDir, opened
+from prime_rl.inference.weight_dirs import WeightDir, opened
+from prime_rl.models.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, is_saved_module, lora_scale, split_key
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, is_saved_module, lora_scale, split_key
 
 UNSUPPORTED = ("use_dora", "rank_pattern", "alpha_pattern", "layer_replication", "lora_bias",
                "trainable_token_indices", "target_parameters", "fan_in_fan_out", "alora_invocation_tokens",

@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prime_rl.chat.tool_calls import parse_tool_calls
 from prime_rl.inference import update as update_flow
 from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.gate import GateTimeout, WeightGate
@@ -57,7 +58,6 @@ from prime_rl.inference.protocol import (
     parse_json,
 )
 from prime_rl.inference.update import WeightLoader
-from prime_rl.utils.tool_calls import parse_tool_calls
 
 TokenTexts = Callable[[int], tuple[str, tuple[int, ...]]]
 """A token id's (text, UTF-8 bytes), as the logprobs show it (`token_texts`)."""

@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from prime_rl.configs.base import BaseConfig, EntrypointConfig
-from prime_rl.configs.registry import Registry
+from prime_rl.configs.extensions import Registry
 from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.validators import ApiKey, Host
 from prime_rl.inference.access import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_REQUEST_TOKENS

@@ -30,9 +30,9 @@ from pydantic import (
     model_validator,
 )
 
-from prime_rl.utils.chat_tokens import RESERVED_TEMPLATE_KWARGS, check_template_kwargs
+from prime_rl.chat.template_tokens import RESERVED_TEMPLATE_KWARGS, check_template_kwargs
+from prime_rl.chat.tool_calls import parse_arguments
 from prime_rl.utils.strict_json import finite_float, refuse_constant
-from prime_rl.utils.tool_calls import parse_arguments
 
 MAX_JSON_DEPTH = 32  # the deepest request the API defines is 4 levels; deeper nesting is refused
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the seed range, as vLLM's
@@ -158,7 +158,7 @@ class ChatMessage(BaseModel):
 
     def template_dict(self) -> dict[str, Any]:
         """The message as the chat template gets it: the keys the client sent (`content` always: null becomes ""
-        when rendered, `utils.chat_tokens.render_chat`), arguments as dicts."""
+        when rendered, `chat.template_tokens.render_chat`), arguments as dicts."""
         return {"content": self.content, **self.model_dump(exclude_unset=True)}
 
 

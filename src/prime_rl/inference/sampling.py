@@ -1,6 +1,6 @@
 """The sampling distribution and its logprobs, shared by every request of the builtin engine.
 
-For logits `z` (one position, float32) the distribution sampled from is `utils.sampling_rule`'s:
+For logits `z` (one position, float32) the distribution sampled from is `models.sampling_rule`'s:
 p = softmax(z / T), restricted to the kept set of min_p, top_k and top_p and renormalised,
 and the logprob reported for the sampled token is its logprob under that distribution. Without
 truncation this is exactly the trainer's `log_softmax(logits / T)[token]`; with it the trainer
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
+from prime_rl.models.sampling_rule import SamplingRule, kept_mask
 
 SMALL_TEMPERATURE = 1e-2  # at or above it |z| / T stays far inside float32's range for any real logits
 _TINY = torch.finfo(torch.float32).tiny

@@ -1,4 +1,4 @@
-"""A server's end of the torch.distributed weight transfer (`utils/weight_transfer.py`): the builtin server, and
+"""A server's end of the torch.distributed weight transfer (`weight_transfer.py`): the builtin server, and
 each vLLM worker (`vllm/worker.py`).
 
 A thread joins the trainer's group at start (rank `weight_transfer.rank`) and receives every broadcast.
@@ -23,7 +23,7 @@ import torch
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import get_logger
-from prime_rl.utils.weight_transfer import open_group, receive
+from prime_rl.weight_transfer import open_group, receive
 
 log = get_logger("inference")
 

@@ -5,7 +5,7 @@ requests run); `update_weights(body, loader, weight_roots, gate)` does everythin
 
 1. `open_update_dir`: the directory must lie under an allowed root (else 403) and be a weights
    directory of step N (else 400); its files are opened here, once, and checked on their descriptors
-   (`weights.py`), and stay open until the update is answered;
+   (`weight_dirs.py`), and stay open until the update is answered;
 2. `"in_flight": true` on a loader that cannot (vLLM) is a 400;
 3. `loader.stage(weights, step)`: read (through those descriptors, never by name) and check the new
    weights (`weight_check` / `adapter_check`), or take the ones that came over the weight transfer group
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.guard import error_payload
 from prime_rl.inference.protocol import UpdateWeightsRequest
-from prime_rl.inference.weights import WeightDir, WeightPathForbidden, open_update_dir
+from prime_rl.inference.weight_dirs import WeightDir, WeightPathForbidden, open_update_dir
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import get_logger
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from prime_rl.inference.weights import CONFIG, WeightDir, WeightFile, opened
+from prime_rl.inference.weight_dirs import CONFIG, WeightDir, WeightFile, opened
 from prime_rl.utils.errors import UserError
 
 ARCH_KEYS = ("model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

@@ -17,7 +17,7 @@ a run starts, fresh or resumed). The marker is the only proof that the run artif
 
 `plan` only looks; `rl` calls it with every other check before it deletes anything.
 
-The `rl` running in a directory holds its run lock exclusively (`utils/run_lock.py`), taken (`prepare_run_dir`)
+The `rl` running in a directory holds its run lock exclusively (`run_lock.py`), taken (`prepare_run_dir`)
 before it deletes or writes anything and held until it ends: a second `rl` there (`--overwrite` or a resume
 included), or a trainer or orchestrator started there by hand, is refused in one line naming the running one.
 """

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from prime_rl import run_lock
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.inference.config import VLLM_MISSING, InferenceConfig, resolved_backend, vllm_available
@@ -37,7 +38,6 @@ from prime_rl.run_dir import (
     resolve_resume_step,
     weights_root,
 )
-from prime_rl.utils import run_lock
 from prime_rl.utils.checksums import verify_manifest
 from prime_rl.utils.devices import cuda_device_count
 from prime_rl.utils.errors import ConfigError

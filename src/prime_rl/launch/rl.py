@@ -28,6 +28,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from prime_rl import run_lock
 from prime_rl.configs.cli import run_main
 from prime_rl.launch import slurm
 from prime_rl.launch.plan import (
@@ -42,12 +43,11 @@ from prime_rl.launch.plan import (
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import complete_steps, config_file, log_file, metrics_file, metrics_plot
-from prime_rl.utils import run_lock
+from prime_rl.run_report import MetricsTail, ProgressView, summary_lines, write_plot
 from prime_rl.utils.disk import describe, disk_state
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 from prime_rl.utils.net import server_root
-from prime_rl.utils.run_report import MetricsTail, ProgressView, summary_lines, write_plot
 
 POLL_S = 0.25
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from prime_rl import run_lock
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.run_dir import config_file, slurm_dir
-from prime_rl.utils import run_lock
 from prime_rl.utils.errors import ConfigError
 
 SCRIPT = "rl.sbatch"
@@ -62,7 +62,7 @@ def render(config: RLConfig, config_path: Path) -> str:
     trainer_nodes = slurm.nodes - 1
     endpoint = Expand(f"$head:{slurm.rdzv_port}")
     trainer_config = str(config_file(config.output_dir, "trainer").absolute())
-    # The other trainer nodes are part of node 1's rl run, which holds the run lock (utils/run_lock.py).
+    # The other trainer nodes are part of node 1's rl run, which holds the run lock (run_lock.py).
     worker = ["env", f"{run_lock.HELD_BY_PARENT_ENV}=rl on node 1",
               "uv", "run", "python", "-m", "torch.distributed.run", f"--nnodes={trainer_nodes}",
               f"--nproc-per-node={config.trainer.num_processes}", "--rdzv-backend=c10d",

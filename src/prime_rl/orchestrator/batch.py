@@ -5,7 +5,7 @@ sampled (a multi-turn completion also holds the environment's tokens between tur
 `completion_mask` false there; no token when the sample is masked), `inference_logprobs`
 are the server's logprobs there, and the sample's scalar advantage is broadcast to its
 trained tokens, unless it has per-token advantages (`token_advantages`, the OPD advantage of
-`advantages/teacher.py`). With a teacher every row carries `teacher_logprobs` (the
+`advantages/distillation.py`). With a teacher every row carries `teacher_logprobs` (the
 teacher's logprob of each trained token); with an advantage type computed in the trainer every row carries
 `rewards` (the sample's reward on its last trained token, 0 elsewhere: the trainer computes the
 advantages). All of them are 0 off the loss mask. With a group type's `kl_in_reward` every row
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from prime_rl.batch_format import OPTIONAL_SAMPLE_FIELDS, MicroBatch, RankBatch
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.utils.packing import first_fit_decreasing
-from prime_rl.utils.sampling_rule import SamplingRule
 
 PAD_TOKEN_ID = 0
 
@@ -48,7 +48,7 @@ class Sample:
     policy_step: int
     train: bool = True  # false: every loss_mask entry is false (e.g. a masked truncated completion)
     completion_mask: list[bool] | None = None  # per completion token: sampled by the policy (None: all were)
-    teacher_logprobs: list[float] | None = None  # per completion token: the teacher's logprob (orchestrator/teacher.py)
+    teacher_logprobs: list[float] | None = None  # per completion token: the teacher's logprob (teacher_scoring.py)
     token_advantages: list[float] | None = None  # per completion token: replaces `advantage` when set
     reward: float = 0.0  # the sample's reward (the batch's `rewards`, for token-level advantage types)
     group: int = -1  # the sample's group within the step (the batch's `sample_groups`)

@@ -23,10 +23,10 @@ from typing import Any
 
 import aiohttp
 
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.config import ClientConfig
 from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.net import server_root  # noqa: F401 (also this module's: tests import it here)
-from prime_rl.utils.sampling_rule import SamplingRule
 
 SPARE_CONNECTIONS = 2
 CONNECT_ATTEMPT_S = 10.0  # one TCP connect; failed ones are retried until connect_timeout_s

@@ -15,9 +15,9 @@ from prime_rl.configs.shared import ASYNC_LEVEL_DEFAULT, AsyncLevel, CkptConfig,
 from prime_rl.configs.validators import ApiKey
 from prime_rl.envs import ENVIRONMENTS, load_env
 from prime_rl.inference.config import BACKENDS, resolved_backend
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.imports import import_object
-from prime_rl.utils.sampling_rule import SamplingRule
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -252,7 +252,7 @@ class OrchestratorConfig(RunConfig):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_variables(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from prime_rl.utils.chat_tokens import check_template_kwargs
+        from prime_rl.chat.template_tokens import check_template_kwargs
 
         return check_template_kwargs(value)
     """Sampling of training rollouts."""

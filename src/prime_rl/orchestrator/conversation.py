@@ -31,15 +31,15 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from prime_rl.envs.base import EnvReply, Rollout
+from prime_rl.chat.template_tokens import ChatTokens
+from prime_rl.envs.environment import EnvReply, Rollout
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.client import ChatResult, InferenceClient, RolloutCompletion
 from prime_rl.orchestrator.config import ReasoningConfig
 from prime_rl.orchestrator.draws import Draw
 from prime_rl.orchestrator.env_calls import call_env, report_failure
 from prime_rl.orchestrator.reasoning import split_reasoning
-from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.sampling_rule import SamplingRule
 
 TURN_SEED_STRIDE = 1_000_003  # turn t of a rollout seeded s samples with s + t * stride
 

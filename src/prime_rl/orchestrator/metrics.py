@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import torch
 
-from prime_rl.envs.base import TOOL_ERROR_KINDS
+from prime_rl.envs.environment import TOOL_ERROR_KINDS
 from prime_rl.orchestrator.rollouts import Group
 
 

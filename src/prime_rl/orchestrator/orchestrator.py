@@ -14,7 +14,7 @@ For n in start .. max_steps - 1:
      finish, `continuous_collector.py`), zero-advantage groups dropped if asked (dynamic sampling draws more,
      up to a cap); then the advantages (those of a type computed here, `group_advantages.py`; 0 and the
      rewards for one the trainer computes); with a teacher, score every trained sample on the teacher's
-     server and turn its advantage into the per-token OPD advantage (`teacher.py`);
+     server and turn its advantage into the per-token OPD advantage (`teacher_scoring.py`);
   4. pack and write `rollouts/step_n/` (atomically), log metrics, checkpoint.
 Writing step n and moving on to n + 1 is what overlaps generation with the trainer's step n. Steps 1-2
 and the collection of 3 are `generate`; the rest (advantages, the teacher's scoring, packing, writing) is
@@ -33,17 +33,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from prime_rl.batch_format import write_step
+from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.configs.cli import run_main
 from prime_rl.envs import load_env
+from prime_rl.models.sampling_rule import SamplingRule
+from prime_rl.models.vocabulary import local_tokenizer_vocab, tokenizer_vocab
 from prime_rl.monitor import Monitor
 from prime_rl.orchestrator.batch import Sample, pack_batch
-from prime_rl.orchestrator.ckpt import (
-    OrchestratorState,
-    load_state,
-    rng_from_json,
-    rng_to_json,
-    save_state,
-)
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.collector import Collaborators, RolloutCollector
 from prime_rl.orchestrator.config import OrchestratorConfig
@@ -52,17 +48,21 @@ from prime_rl.orchestrator.conversation import ConversationRunner
 from prime_rl.orchestrator.draws import Draw, ExampleSource
 from prime_rl.orchestrator.group_advantages import GroupAdvantages
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
+from prime_rl.orchestrator.orchestrator_ckpt import (
+    OrchestratorState,
+    load_state,
+    rng_from_json,
+    rng_to_json,
+    save_state,
+)
 from prime_rl.orchestrator.rollouts import Group, GroupGenerator, RolloutSettings, request_seed
 from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.orchestrator.step_collector import StepCollector
-from prime_rl.orchestrator.teacher import Teacher
+from prime_rl.orchestrator.teacher_scoring import Teacher
 from prime_rl.orchestrator.weight_sync import WeightSync
-from prime_rl.run_dir import resolve_resume_step, rollouts_root
-from prime_rl.utils.chat_tokens import ChatTokens
+from prime_rl.run_dir import log_file, resolve_resume_step, rollouts_root
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
-from prime_rl.utils.sampling_rule import SamplingRule
-from prime_rl.utils.vocabulary import local_tokenizer_vocab, tokenizer_vocab
 
 EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
 CONSOLE_KEYS = ("reward/mean", "advantage/std", "rollout/filtered_frac", "async/policy_lag_mean", "perf/step_time_s")
@@ -95,7 +95,7 @@ def conversation_runner(config: OrchestratorConfig, source: ExampleSource) -> Co
 
 
 def sampled_vocab(config: OrchestratorConfig, conversations: ConversationRunner | None) -> int | None:
-    """The tokenizer's id count (`utils.vocabulary`): from the multi-turn runner's tokenizer when there is one
+    """The tokenizer's id count (`models.vocabulary`): from the multi-turn runner's tokenizer when there is one
     (loaded once), else read from the model's files."""
     if conversations is not None:
         return tokenizer_vocab(conversations.chat_tokens.tokenizer)
@@ -189,7 +189,7 @@ class Orchestrator:
         if not kept:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
         samples = self.samples(kept, advantages)
-        if self.teacher is not None:  # teacher logprobs and the OPD advantage (advantages/teacher.py)
+        if self.teacher is not None:  # teacher logprobs and the OPD advantage (advantages/distillation.py)
             metrics |= await self.teacher.apply(samples, c.teacher_temperature)
         optional = ((("teacher_logprobs",) if self.teacher is not None else ())
                     + (("rewards",) if c.advantage.computed_in == "trainer" else ())
@@ -275,7 +275,7 @@ async def run(config: OrchestratorConfig) -> None:
 
 
 def body(config: OrchestratorConfig) -> None:
-    setup_logging("orchestrator", config.output_dir)
+    setup_logging("orchestrator", log_file(config.output_dir, "orchestrator"))
     asyncio.run(run(config))
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_rl.envs import Example, Reward
-from prime_rl.envs.base import Rollout
+from prime_rl.envs.environment import Rollout
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.client import ChatResult, InferenceClient
 from prime_rl.orchestrator.config import ReasoningConfig
 from prime_rl.orchestrator.conversation import ConversationRunner, TurnStats
@@ -29,7 +30,6 @@ from prime_rl.orchestrator.env_calls import call_env, report_failure, worth_logg
 from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
-from prime_rl.utils.sampling_rule import SamplingRule
 
 log = get_logger("orchestrator")
 _unsampleable: collections.Counter[str] = collections.Counter()  # rollouts cut by `cut_unsampleable`
@@ -124,7 +124,7 @@ async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | 
 
 
 def cut_unsampleable(draw: Draw, result: ChatResult, vocab: int | None, failed: list[str | None]) -> list[str | None]:
-    """Cut every completion at its first token id >= `vocab` (the tokenizer's ids, `utils.vocabulary`: a padded
+    """Cut every completion at its first token id >= `vocab` (the tokenizer's ids, `models.vocabulary`: a padded
     row of the output embedding that a server sampled; vLLM does not mask them) and fail that rollout alone:
     reward 0 and a sparse warning, whatever the environment's `on_error` (the server, not the environment, made
     it), so no trainer ever scores an id outside the sampled vocabulary and no such sample ends a run."""

@@ -28,6 +28,7 @@ from transformers import AutoModelForTokenClassification
 
 from prime_rl.batch_format import MicroBatch
 from prime_rl.configs.shared import ModelConfig
+from prime_rl.models.embedded import resolve_model_path
 from prime_rl.trainer.config import CriticConfig, RuntimeConfig
 from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum
 from prime_rl.trainer.model import (
@@ -38,8 +39,7 @@ from prime_rl.trainer.model import (
     prepare_model,
 )
 from prime_rl.trainer.optim import build_optimizer, checked_step
-from prime_rl.trainer.rl.loss import reduce_metrics
-from prime_rl.utils.embedded_models import resolve_model_path
+from prime_rl.trainer.rl.losses import reduce_metrics
 from prime_rl.utils.errors import UserError
 
 

@@ -9,7 +9,7 @@ The network the trainer shards stays the Hugging Face model (`peft_model.base_mo
 with peft's `lora.Linear` layers injected in place), so `decoder_layers`, `prepare_model` and
 FSDP2 work unchanged. Its parameters are named `...q_proj.base_layer.weight` and
 `...q_proj.lora_{A,B}.default.weight`; an adapter directory names them as peft saves them,
-`base_model.model....q_proj.lora_{A,B}.weight` (`prime_rl.utils.lora`), and a saved module's
+`base_model.model....q_proj.lora_{A,B}.weight` (`prime_rl.models.lora_adapter`), and a saved module's
 `model.norm.weight` as `base_model.model.model.norm.weight`.
 """
 
@@ -24,9 +24,9 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+from prime_rl.models.lora_adapter import ADAPTER, ADAPTER_WEIGHTS, is_saved_module, lora_delta, lora_scale, peft_key
 from prime_rl.trainer.config import LoRAConfig
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.lora import ADAPTER, ADAPTER_WEIGHTS, is_saved_module, lora_delta, lora_scale, peft_key
 
 BASE = ".base_layer.weight"
 
@@ -63,7 +63,7 @@ def train_saved_modules(net: nn.Module, modules_to_save: list[str]) -> list[str]
     """Make the weights of every module `modules_to_save` names trainable, in place (peft would wrap each
     in a copy; in place the names stay those FSDP2 and the merged weights use). Returns the modules' names.
 
-    Each entry must match (peft's suffix rule, `utils.lora.is_saved_module`) at least one module, and every
+    Each entry must match (peft's suffix rule, `models.lora_adapter.is_saved_module`) at least one module, and every
     match must be a leaf module with weights of its own, outside the LoRA layers and tied to no other module
     (a tied embedding would change lm_head too, which the adapter could not ship): else a UserError."""
     shared = {}

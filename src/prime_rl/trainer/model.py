@@ -18,12 +18,12 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from prime_rl.configs.shared import ModelConfig
+from prime_rl.models.output_head import head_output_is_logits, output_embedding_as
+from prime_rl.models.sampling_rule import SamplingRule, kept_mask
 from prime_rl.trainer.attention_layout import ForwardLayout, Row, flash_layout, padded_layout
+from prime_rl.trainer.chunked_logprobs import token_stats_head
 from prime_rl.trainer.config import ModelInitConfig, RuntimeConfig
-from prime_rl.trainer.lm_head import token_stats_head
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.lm_head import head_output_is_logits, output_embedding_as
-from prime_rl.utils.sampling_rule import SamplingRule, kept_mask
 
 
 def resolve_dtype(options: RuntimeConfig, device: torch.device) -> torch.dtype:
@@ -36,7 +36,7 @@ def load_tokenizer(model: ModelConfig, init: ModelInitConfig | None = None) -> P
     """The tokenizer of `model.path`, or of the random-init section (`'char'` = built-in)."""
     source = init.tokenizer if init is not None else model.path
     if source == "char":
-        from prime_rl.utils.char_tokenizer import build_char_tokenizer
+        from prime_rl.models.char_tokenizer import build_char_tokenizer
 
         return build_char_tokenizer()
     try:
@@ -49,7 +49,7 @@ def _init_config(
     init: ModelInitConfig, tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool
 ) -> PretrainedConfig:
     if init.config is None:
-        from prime_rl.utils.tiny_model import tiny_qwen3_config
+        from prime_rl.models.tiny_model import tiny_qwen3_config
 
         config = tiny_qwen3_config(tokenizer)
     else:
@@ -169,7 +169,7 @@ def forward_rows(model: nn.Module, rows: list[Row], pad_id: int = 0,
 
 def forward_hidden(model: nn.Module, rows: list[Row], pad_id: int = 0) -> list[torch.Tensor]:
     """The final hidden states [T_i, H] (float32) of `forward_rows`, without computing logits where the model
-    allows (`utils.lm_head.head_output_is_logits`: the head answers a [.., 1] placeholder instead)."""
+    allows (`models.output_head.head_output_is_logits`: the head answers a [.., 1] placeholder instead)."""
     if not head_output_is_logits(model):
         return forward_rows(model, rows, pad_id, hidden=True)[1]
     layout = _layout(model, rows, pad_id)
@@ -238,7 +238,7 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, sample_lens: t
                    rule: SamplingRule = SamplingRule(), entropies: bool = True
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs and entropies of a packed row from its logits [T, V] (in row order), under the
-    distribution the sampler drew token t from (`rule`: temperature T and truncation, `utils.sampling_rule`).
+    distribution the sampler drew token t from (`rule`: temperature T and truncation, `models.sampling_rule`).
 
     Without truncation: lp[t] = log_softmax(logits[t-1] / T)[input_ids[t]].
     With truncation (top_k, top_p or min_p): the same rule is applied to these logits, giving the kept set
@@ -306,7 +306,7 @@ def score_rows(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingR
                entropies: bool = True, hidden: bool = False
                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[torch.Tensor] | None]:
     """((lp, H) per row as `token_logprobs` defines them, final hidden states per row with `hidden`) of packed
-    rows in one forward. Where the model allows (`utils.lm_head.head_output_is_logits`) the output embedding answers
+    rows in one forward. Where the model allows (`models.output_head.head_output_is_logits`) the output embedding answers
     (lp, H) per position in chunks of tokens and no [tokens, vocab] logits exist (`trainer.lm_head`); else the
     full logits are scored."""
     rows = on_model_device(model, rows)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
+from prime_rl.models.vocabulary import tokenizer_vocab
 from prime_rl.monitor import Monitor
-from prime_rl.run_dir import resolve_resume_step, weights_dir
-from prime_rl.trainer import ckpt as ckpt_io
+from prime_rl.run_dir import log_file, resolve_resume_step, weights_dir
+from prime_rl.trainer import trainer_ckpt as ckpt_io
 from prime_rl.trainer.config import ModelInitConfig, TrainingConfig
 from prime_rl.trainer.critic import SeparateCritic
 from prime_rl.trainer.dist import all_reduce_sum, init_distributed
@@ -24,12 +25,11 @@ from prime_rl.trainer.lora import LoRAWeights, apply_lora, base_fingerprint, che
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.optim import build_optimizer, build_scheduler, checked_step
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
+from prime_rl.trainer.publish_weights import send_weights, write_weights
 from prime_rl.trainer.value_head import ValueHeadCritic
-from prime_rl.trainer.weights import send_weights, write_weights
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
-from prime_rl.utils.vocabulary import tokenizer_vocab
-from prime_rl.utils.weight_transfer import open_group
+from prime_rl.weight_transfer import open_group
 
 
 class TrainSession:
@@ -51,7 +51,7 @@ class TrainSession:
         self.source = source
         self.dist = init_distributed()
         self.output_dir = Path(config.output_dir)
-        self.log = setup_logging(source, self.output_dir if self.dist.is_main else None)
+        self.log = setup_logging(source, log_file(self.output_dir, source) if self.dist.is_main else None)
         if config.runtime.threads is not None:
             torch.set_num_threads(config.runtime.threads)
         if config.runtime.deterministic:
@@ -60,7 +60,7 @@ class TrainSession:
         random.seed(config.seed + self.dist.rank)
 
         self.tokenizer = load_tokenizer(config.model, init)
-        # The ids the server samples (`utils.vocabulary`); the SFT config has no server: the tokenizer's.
+        # The ids the server samples (`models.vocabulary`); the SFT config has no server: the tokenizer's.
         by_tokenizer = getattr(config, "sampled_vocab", "tokenizer") == "tokenizer"
         self.sampled_vocab = tokenizer_vocab(self.tokenizer) if by_tokenizer else None
         net = load_model(config.model, config.runtime, self.dist.device, init, self.tokenizer, seed=config.seed)

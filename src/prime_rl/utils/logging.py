@@ -1,4 +1,4 @@
-"""One logger setup for every process: stderr plus `outputs/<run>/logs/<name>.log`."""
+"""One logger setup for every process: stderr plus a log file (a run's `logs/<name>.log`, `run_dir.log_file`)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,16 @@ import os
 import sys
 from pathlib import Path
 
-from prime_rl import run_dir
-
 FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
 # Set by `rl` for its children: it already sends their stderr to logs/<name>.log.
 LOG_FILE_BY_PARENT_ENV = "PRIMERL_LOG_FILE_BY_PARENT"
 
 
-def setup_logging(name: str, output_dir: Path | None = None, level: str = "INFO") -> logging.Logger:
+def setup_logging(name: str, log_file: Path | None = None, level: str = "INFO") -> logging.Logger:
     """Configure the `prime_rl` logger once per process and return the logger `name`.
 
-    With `output_dir`, lines also go to `output_dir/logs/<name>.log` (appended, so a
-    resumed run keeps its history).
+    With `log_file`, lines also go there (appended, so a resumed run keeps its history), unless `rl` started
+    this process and already sends its stderr there.
     """
     root = logging.getLogger("prime_rl")
     root.setLevel(level)
@@ -30,8 +28,7 @@ def setup_logging(name: str, output_dir: Path | None = None, level: str = "INFO"
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(formatter)
     root.addHandler(stream)
-    if output_dir is not None and not os.environ.get(LOG_FILE_BY_PARENT_ENV):
-        log_file = run_dir.log_file(output_dir, name)
+    if log_file is not None and not os.environ.get(LOG_FILE_BY_PARENT_ENV):
         log_file.parent.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(log_file)
         file_handler.setFormatter(formatter)

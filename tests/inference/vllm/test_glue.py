@@ -31,8 +31,8 @@ from prime_rl.inference.vllm.middleware import (
     completion_limit,
 )
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
-from prime_rl.inference.weights import open_weight_dir
-from prime_rl.utils import embedded_models
+from prime_rl.inference.weight_dirs import open_weight_dir
+from prime_rl.models import embedded as embedded_models
 from prime_rl.utils.errors import UserError
 from tests.support.fake_vllm import FakeEngineClient, fake_vllm_app, weight_dir
 
@@ -272,7 +272,7 @@ def test_rl_hands_the_trainers_lora_rank_to_vllm_unless_it_publishes_merged_weig
 def lora_dir(tmp_path, step, a_shape=(2, 3), saved=False):
     """A peft adapter of rank 2 for the 4x3 weight `layer.weight` of `lora_served_model` (with `saved`, it
     also saves `norm.weight` in full, as `lora.modules_to_save = ["norm"]` does)."""
-    from prime_rl.utils.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+    from prime_rl.models.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
     path = tmp_path / f"step_{step}"
     path.mkdir()
@@ -444,7 +444,7 @@ def started_client(app) -> httpx.AsyncClient:
 
 
 def marker_dir(tmp_path, step):
-    from prime_rl.utils.weight_transfer import write_marker
+    from prime_rl.weight_transfer import write_marker
 
     path = tmp_path / f"step_{step}"
     path.mkdir()
@@ -455,7 +455,7 @@ def marker_dir(tmp_path, step):
 def test_vllm_workers_receive_the_transfer_and_serve_it_bit_for_bit(tmp_path, served_model, monkeypatch):
     """Two tensor-parallel workers join the trainer's group at startup (ranks 1 and 2 of 3); a marker update sets
     aside the newest received step on each and loads it on both; a bad update is dropped, the step stays."""
-    from prime_rl.utils.weight_transfer import open_group, send
+    from prime_rl.weight_transfer import open_group, send
 
     address = transfer_setting(monkeypatch, ranks_per_server=2)
     monkeypatch.setenv(TIMEOUT_ENV, "2")
@@ -560,7 +560,7 @@ def test_a_failing_worker_among_several_is_a_one_line_400_and_the_step_stays(tmp
 
 
 def test_two_marker_updates_at_once_load_one_after_the_other(tmp_path, served_model, monkeypatch):
-    from prime_rl.utils.weight_transfer import open_group, send
+    from prime_rl.weight_transfer import open_group, send
 
     address = transfer_setting(monkeypatch, ranks_per_server=1)
     worker = TransferWorker(0)

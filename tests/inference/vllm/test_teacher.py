@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from prime_rl.models.tiny_model import save_random_model
 from prime_rl.orchestrator.client import parse_batch_prompt_logprobs
-from prime_rl.utils.tiny_model import save_random_model
 from tests.support.inference_server import VLLM_CPU_ARGS, VLLM_SKIP_REASON, start_server, stop_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import verifiers.v1 as vf
 
-from prime_rl.utils.tool_calls import format_tool_call
+from prime_rl.chat.tool_calls import format_tool_call
 
 WORDS = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
 

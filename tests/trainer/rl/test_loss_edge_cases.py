@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from prime_rl.configs.loss import LOSSES
-from prime_rl.trainer.rl.loss import (
+from prime_rl.trainer.rl.losses import (
     LOG_RATIO_BOUND,
     LossInputs,
     LossScale,

@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from prime_rl.models.lora_adapter import ADAPTER_WEIGHTS
 from prime_rl.run_dir import RUN_LOCK, resolve_resume_step, weights_dir
-from prime_rl.trainer.ckpt import ckpt_dir
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.rl.train import main, train
+from prime_rl.trainer.trainer_ckpt import ckpt_dir
 from prime_rl.utils.errors import NonFiniteError, UserError
 from prime_rl.utils.fs import WaitTimeout, list_steps
-from prime_rl.utils.lora import ADAPTER_WEIGHTS
 from tests.support import REPO
 from tests.support.synthetic_batches import random_step, write_random_step
 
@@ -356,8 +356,8 @@ def test_the_trainer_scores_under_the_samplers_truncation_unless_told_not_to():
     """`match_truncation` (default on): the batch's whole rule, so on-policy ratios are 1 under top-k/p, min-p;
     off: the full softmax at the batch temperature (the uncorrected ratio that the RL test shows is wrong)."""
     from prime_rl.batch_format import RankBatch
+    from prime_rl.models.sampling_rule import SamplingRule
     from prime_rl.trainer.rl.train import scoring_rule
-    from prime_rl.utils.sampling_rule import SamplingRule
 
     batch = RankBatch(step=0, temperature=0.7, max_tokens=4, micro_batches=[], top_k=5, top_p=0.9, min_p=0.05)
     assert scoring_rule(batch, match_truncation=True) == SamplingRule(0.7, 5, 0.9, 0.05)

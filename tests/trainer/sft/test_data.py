@@ -7,6 +7,7 @@ from itertools import islice
 
 import pytest
 
+from prime_rl.models.char_tokenizer import build_char_tokenizer
 from prime_rl.trainer.sft.config import SFTConfig, SFTDataConfig
 from prime_rl.trainer.sft.data import (
     SFTExample,
@@ -18,7 +19,6 @@ from prime_rl.trainer.sft.data import (
     skip,
     tokenize_conversation,
 )
-from prime_rl.utils.char_tokenizer import build_char_tokenizer
 from prime_rl.utils.errors import UserError
 
 

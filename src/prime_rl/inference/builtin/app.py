@@ -33,6 +33,7 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from prime_rl.chat.template_tokens import render_chat, renders_tool_calls
 from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.api import (
     HTTPError,
@@ -58,8 +59,7 @@ from prime_rl.inference.protocol import (
     UpdateWeightsRequest,
 )
 from prime_rl.inference.transfer import TransferReceiver
-from prime_rl.inference.weights import WeightDir
-from prime_rl.utils.chat_tokens import render_chat, renders_tool_calls
+from prime_rl.inference.weight_dirs import WeightDir
 from prime_rl.utils.errors import UserError
 
 

@@ -7,7 +7,7 @@
   shapes and dtypes against the directory vLLM started from, finite values); only then
   it waits for in-flight requests (new ones are held), loads the directory on every
   worker through `collective_rpc`, resets the prefix cache, answers `{"weight_step": N}`.
-  The update's files are opened once here and checked on their descriptors (`weights.py`); they stay
+  The update's files are opened once here and checked on their descriptors (`weight_dirs.py`); they stay
   open until the update is answered. The workers read the tensors again, in their own processes, by the
   files' real paths, and each worker refuses (before loading any) a file that is not the very one checked
   here (`weights.open_pinned`: same device and inode, which cannot be reused while it is held open here).
@@ -72,7 +72,7 @@ from prime_rl.inference.vllm.worker import (
     transfer_result,
 )
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
-from prime_rl.inference.weights import WeightDir
+from prime_rl.inference.weight_dirs import WeightDir
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import ensure_logging, get_logger
 

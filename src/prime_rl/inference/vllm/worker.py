@@ -11,7 +11,7 @@ descriptors it holds open, and `pins` names each tensor file by its real path, d
 very file checked (a rename in between cannot redirect the read). A worker on another host (its device numbers
 differ) cannot load from a directory.
 
-Weights over the transfer group (`weight_transfer.mode = "distributed"`, `utils/weight_transfer.py`): every
+Weights over the transfer group (`weight_transfer.mode = "distributed"`, `weight_transfer.py`): every
 worker is a rank of the trainer's group, `weight_transfer.rank` + its tensor-parallel rank, and receives every
 update in full in a thread (`transfer.TransferReceiver`), cast to the served dtype, checked against the served
 checkpoint (`weight_check.verify_tensors`) and kept on the host. An update is then three calls from the
@@ -39,7 +39,7 @@ import torch
 
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.inference.weight_check import Reference, iter_tensors, verify_tensors
-from prime_rl.inference.weights import open_pinned
+from prime_rl.inference.weight_dirs import open_pinned
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import ensure_logging
 

@@ -23,13 +23,12 @@ import torch
 
 from prime_rl.batch_format import MicroBatch, RankBatch
 from prime_rl.configs.cli import run_main
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.critic import ValueTargets, value_loss
-from prime_rl.trainer.data import wait_for_batch
 from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_logprobs, compute_logprobs_and_hidden, load_model, prepare_model
-from prime_rl.trainer.rl.advantage import step_advantages
-from prime_rl.trainer.rl.loss import (
+from prime_rl.trainer.rl.losses import (
     Loss,
     LossInputs,
     LossScale,
@@ -38,9 +37,10 @@ from prime_rl.trainer.rl.loss import (
     reduce_metrics,
     scale_counts,
 )
+from prime_rl.trainer.rl.rollout_batches import wait_for_batch
+from prime_rl.trainer.rl.step_advantages import step_advantages
 from prime_rl.trainer.session import TrainSession
 from prime_rl.trainer.value_head import ValueHeadCritic
-from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def step_scale(batch: RankBatch, device: torch.device) -> LossScale:
@@ -126,7 +126,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
 
 def scoring_rule(batch: RankBatch, match_truncation: bool, vocab: int | None = None) -> SamplingRule:
     """The rule the trainer scores the batch's tokens under: the sampler's whole rule with `match_truncation`,
-    else its temperature alone; over the sampled vocabulary [0, vocab) (`utils.vocabulary`)."""
+    else its temperature alone; over the sampled vocabulary [0, vocab) (`models.vocabulary`)."""
     rule = batch.rule if match_truncation else SamplingRule(batch.temperature)
     return replace(rule, vocab=vocab)
 

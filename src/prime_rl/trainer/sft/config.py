@@ -32,7 +32,7 @@ class SFTDataConfig(BaseConfig):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_variables(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from prime_rl.utils.chat_tokens import check_template_kwargs
+        from prime_rl.chat.template_tokens import check_template_kwargs
 
         return check_template_kwargs(value)
 

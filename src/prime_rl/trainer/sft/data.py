@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.envs.data_files import load_rows
 from prime_rl.trainer.sft.config import SFTDataConfig
-from prime_rl.utils.chat_tokens import ChatTokens
 from prime_rl.utils.errors import UserError
 
 Messages = list[dict[str, str]]
@@ -124,7 +124,7 @@ def sft_chat(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict[str, Any]
 def tokenize_conversation(chat: ChatTokens, messages: Messages) -> SFTExample:
     """Token ids of the whole conversation and the mask of the assistant tokens that train (`chat`: `sft_chat`).
 
-    Built turn by turn as a multi-turn rollout is (`utils.chat_tokens`): the first prompt, then each assistant
+    Built turn by turn as a multi-turn rollout is (`chat.template_tokens`): the first prompt, then each assistant
     turn as the template renders a last turn (its reasoning and tool calls included: "as the data says"), then
     the template's text up to the next assistant turn. Earlier turns stay in the context of later ones as they
     were trained, the way token-exact multi-turn RL keeps what was sampled. A turn trains through its last

@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedTokenizerBase
 
+from prime_rl.chat.template_tokens import render_chat
+from prime_rl.models.vocabulary import tokenizer_vocab
 from prime_rl.trainer.sft.config import SFTDataConfig, SFTEvalConfig
-from prime_rl.utils.chat_tokens import render_chat
-from prime_rl.utils.vocabulary import tokenizer_vocab
 
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -28,7 +28,7 @@ EVAL_SEED_OFFSET = 1_000_003
 def greedy_generate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]],
                     max_new_tokens: int) -> list[list[int]]:
     """Greedy completions (token ids, eos included when produced) of left-padded prompts, without a KV cache: the
-    argmax over the tokenizer's ids (`utils.vocabulary`), from the logits of the last position only."""
+    argmax over the tokenizer's ids (`models.vocabulary`), from the logits of the last position only."""
     device = next(model.parameters()).device
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     width = max(len(p) for p in prompts)
@@ -56,7 +56,7 @@ def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, data: SFTData
              seed: int) -> dict[str, float]:
     """`eval/reward` (mean environment reward of greedy answers) and `eval/completion_len`."""
     from prime_rl.envs import load_env
-    from prime_rl.envs.base import Rollout
+    from prime_rl.envs.environment import Rollout
 
     env = load_env(data.env, **data.env_args)
     examples = list(islice(env.examples(seed + EVAL_SEED_OFFSET), config.num_examples))

@@ -20,7 +20,9 @@ from itertools import islice
 from pathlib import Path
 
 from prime_rl.configs.cli import run_main
+from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.run_dir import metrics_file, metrics_plot
+from prime_rl.run_report import SFT_PLOTTED, MetricsTail, sft_summary_lines, write_plot
 from prime_rl.trainer.dist import all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_rows_logprobs
 from prime_rl.trainer.session import TrainSession
@@ -35,8 +37,6 @@ from prime_rl.trainer.sft.data import (
     tokenize_conversation,
 )
 from prime_rl.trainer.sft.eval import evaluate
-from prime_rl.utils.run_report import SFT_PLOTTED, MetricsTail, sft_summary_lines, write_plot
-from prime_rl.utils.sampling_rule import SamplingRule
 
 
 def sft_step(session: TrainSession, rows: list[Row], micro_batch_rows: int, pad_id: int) -> tuple[float, int]:
