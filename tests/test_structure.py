@@ -152,6 +152,54 @@ def test_no_two_modules_share_a_file_name():
     assert not shared
 
 
+def validator_functions(tree: ast.AST):
+    """The functions of a module that validate a config: pydantic's field and model validators, and the rules
+    across keys (`check_consistency`, the `_check_*` helpers it calls)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        decorators = {(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list}
+        names = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in decorators}
+        if names & {"field_validator", "model_validator"} or node.name == "check_consistency" \
+                or node.name.startswith("_check"):
+            yield node
+
+
+def assignments(function: ast.FunctionDef) -> list[int]:
+    """Lines where `function` assigns to an attribute (`self.x = ...`, `self.a.b[k] = ...`) or calls setattr."""
+    lines = []
+    for node in ast.walk(function):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        if any(isinstance(t, ast.Attribute) or isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute)
+               for t in targets):
+            lines.append(node.lineno)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "object.__setattr__"):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_validator_assigns():
+    # Validation checks; what follows from other values is derived afterwards, on a copy (`configs.base.with_values`,
+    # `EntrypointConfig.derived`, `plan_run`), so a new key has one place to be filled in.
+    found = [f"{path.relative_to(SRC)}:{line} in {function.name}" for path, tree in modules()
+             for function in validator_functions(tree) for line in assignments(function)]
+    assert not found
+
+
+def test_the_validator_check_sees_assignments():
+    tree = ast.parse("class C:\n    def check_consistency(self):\n        self.a.b = 1\n"
+                     "    @model_validator(mode='after')\n    def v(self):\n        object.__setattr__(self, 'a', 1)\n"
+                     "    def derived(self):\n        self.a = 2\n")
+    assert [line for function in validator_functions(tree) for line in assignments(function)] == [3, 6]
+
+
+def test_nothing_bypasses_a_configs_validation():
+    found = [f"{path.relative_to(SRC)}:{node.lineno}" for path, tree in modules() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and ast.unparse(node.func) == "object.__setattr__"]
+    assert not found
+
+
 def test_configs_is_a_base_layer():
     upward = {f"{path.relative_to(SRC)} imports {name}"
               for path, tree in modules(SRC / "configs") for name in imported(tree)

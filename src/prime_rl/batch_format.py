@@ -23,7 +23,7 @@ is never trained. Samples are laid end to end as *segments* (`sample_lens`). Opt
 fields: `ref_logprobs`, `teacher_logprobs` (on-policy distillation) and `rewards` (token-level
 advantage types: each sample's reward on its last trained token, 0 elsewhere; `advantages` is
 then 0 and the trainer computes them). Optional per-segment fields (group types with
-`kl_in_reward`, whose advantages the trainer recomputes): `sample_groups` (the sample's group
+`reward_kl`, whose advantages the trainer recomputes): `sample_groups` (the sample's group
 within the step, -1 for a root or padding) and `sample_rewards` (its reward, 0 there).
 
 Shared prefixes: a segment whose `position_ids` start at 0 is a *root*. A segment starting

@@ -1,5 +1,5 @@
-"""KL in the reward (`advantages/kl.py`): per-token rewards r_t = R [t = n] - kl_coef * KL_t for the types computed
-in the trainer; r' = R - kl_coef * sum_t KL_t per sample, then the group type's own function, the same answer
+"""KL in the reward (`advantages/kl.py`): per-token rewards r_t = R [t = n] - coef * KL_t for the types computed
+in the trainer; r' = R - coef * sum_t KL_t per sample, then the group type's own function, the same answer
 however the samples are split over ranks."""
 
 from __future__ import annotations
@@ -11,7 +11,12 @@ import torch
 
 from prime_rl.advantages.kl import kl_group_advantages, sample_table, token_rewards
 from prime_rl.advantages.token import gae
-from prime_rl.configs.advantage import GrpoAdvantageConfig, RlooAdvantageConfig, RppBaselineAdvantageConfig
+from prime_rl.configs.advantage import (
+    GrpoAdvantageConfig,
+    RewardKlConfig,
+    RlooAdvantageConfig,
+    RppBaselineAdvantageConfig,
+)
 from prime_rl.trainer.rl.losses import kl_estimate
 from prime_rl.utils.errors import UserError
 from tests.advantages.test_token import LENS, MASK, REWARDS
@@ -50,7 +55,7 @@ def test_kl_in_reward_uses_the_losss_k1_and_k3_finite_at_extreme_log_ratios():
 
 
 def test_grpo_compares_rewards_minus_the_kl_sum_within_each_group():
-    config = GrpoAdvantageConfig(kl_in_reward="k3", kl_coef=0.25)
+    config = GrpoAdvantageConfig(reward_kl=RewardKlConfig(estimator="k3", coef=0.25))
     (got,) = kl_group_advantages([ROWS], config)
     # r' = R - 0.25 * KL: group 0 [1.0, 0.0, -0.5], group 1 [0.25, 0.25, -0.25]; (r' - mean) / (sample std + 1e-6)
     for rows, penalized in ((slice(0, 3), [1.0, 0.0, -0.5]), (slice(3, 6), [0.25, 0.25, -0.25])):
@@ -63,17 +68,17 @@ def test_grpo_compares_rewards_minus_the_kl_sum_within_each_group():
 def test_without_kl_it_is_the_orchestrators_advantage_and_rloo_and_rpp_baseline_follow_their_formulas():
     rows = ROWS.clone()
     rows[:, 2] = 0.0
-    (grpo,) = kl_group_advantages([rows], GrpoAdvantageConfig(kl_in_reward="k1", kl_coef=1.0))
+    (grpo,) = kl_group_advantages([rows], GrpoAdvantageConfig(reward_kl=RewardKlConfig(estimator="k1", coef=1.0)))
     assert torch.all(grpo[3:] == 0)  # an equal group is exactly 0, as the orchestrator gives it
-    (rloo,) = kl_group_advantages([ROWS], RlooAdvantageConfig(kl_in_reward="k1", kl_coef=0.5))
+    (rloo,) = kl_group_advantages([ROWS], RlooAdvantageConfig(reward_kl=RewardKlConfig(estimator="k1", coef=0.5)))
     r = torch.tensor([1.0, -1.0, -1.0], dtype=torch.float64)  # group 0: R - 0.5 * KL
     assert torch.allclose(rloo[:3], torch.stack([r[i] - (r.sum() - r[i]) / 2 for i in range(3)]))
-    (rpp,) = kl_group_advantages([ROWS], RppBaselineAdvantageConfig(kl_in_reward="k1", kl_coef=0.5))
+    (rpp,) = kl_group_advantages([ROWS], RppBaselineAdvantageConfig(reward_kl=RewardKlConfig(estimator="k1", coef=0.5)))
     assert rpp.mean().abs() < 1e-9 and rpp.std(correction=0) == pytest.approx(1.0, abs=1e-5)  # whitened over all
 
 
 def test_the_answer_does_not_depend_on_how_the_samples_are_split_over_ranks():
-    config = GrpoAdvantageConfig(kl_in_reward="k3", kl_coef=0.25)
+    config = GrpoAdvantageConfig(reward_kl=RewardKlConfig(estimator="k3", coef=0.25))
     (whole,) = kl_group_advantages([ROWS], config)
     order = [4, 0, 2, 5, 1, 3]  # groups scattered over two ranks, three rows each
     ranks = [ROWS[order[:3]], ROWS[order[3:]]]
@@ -85,7 +90,7 @@ def test_the_answer_does_not_depend_on_how_the_samples_are_split_over_ranks():
 
 def test_groups_of_different_sizes_are_refused_in_one_line():
     with pytest.raises(UserError, match="groups have 2 to 3 samples") as caught:
-        kl_group_advantages([ROWS[1:]], GrpoAdvantageConfig(kl_in_reward="k3"))
+        kl_group_advantages([ROWS[1:]], GrpoAdvantageConfig(reward_kl=RewardKlConfig(estimator="k3")))
     assert "\n" not in str(caught.value)
 
 

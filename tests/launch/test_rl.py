@@ -117,10 +117,10 @@ def test_stop_all_kills_grandchildren(tmp_path):
 
 
 def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files(tmp_path):
-    from prime_rl.launch.plan import clear_after, pin_resume_step
+    from prime_rl.launch.plan import clear_after, resume_step
 
     def resume_from(config):
-        step = pin_resume_step(config)
+        step = resume_step(config)
         if step is not None:
             clear_after(config, step)
         return step
@@ -138,7 +138,6 @@ def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 5, "sou')
     config = rl_config(tmp_path, "--ckpt.resume-step", "latest")
     assert resume_from(config) == 3
-    assert config.trainer.ckpt.resume_step == config.orchestrator.ckpt.resume_step == 3
     assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_0", "step_1", "step_2"]
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["step_0", "step_1", "step_2", "step_3"]
     assert not (run / "checkpoints" / "step_4" / ".trainer.tmp").exists()
@@ -188,6 +187,24 @@ def test_a_damaged_resume_checkpoint_is_refused_before_anything_is_discarded(tmp
     assert sorted({r["step"] for r in rows}) == [0, 1]
 
 
+def test_the_plan_resumes_every_part_from_one_pinned_step_and_leaves_the_loaded_config_alone(tmp_path, monkeypatch):
+    from prime_rl.launch import plan
+
+    run = tmp_path / "run"
+    for step, parts in ((2, ("trainer", "orchestrator")), (3, ("trainer",))):  # step 3 is incomplete
+        for part in parts:
+            (run / "checkpoints" / f"step_{step}" / part).mkdir(parents=True)
+    (run / MARKER).write_text("{}")
+    monkeypatch.setattr(plan, "verify_resume_checkpoint", lambda config, step: None)  # no manifests here
+    loaded = rl_config(tmp_path, "--ckpt.resume-step", "latest")
+    before = loaded.model_dump()
+    planned = plan.plan_run(loaded).config
+    assert planned.ckpt.resume_step == planned.trainer.ckpt.resume_step == planned.orchestrator.ckpt.resume_step == 2
+    assert planned.inference.port != 0 and str(planned.inference.port) in planned.orchestrator.client.base_url
+    assert loaded.model_dump() == before
+    assert "resume_step" not in planned.trainer.ckpt.model_fields_set  # filled in, not set by the user
+
+
 @pytest.mark.parametrize("on_gpu, extra, builtin, vllm", [
     (False, [], "float32", "float32"),
     (True, [], "bfloat16", "bfloat16"),  # the trainer computes in bf16 mixed precision there
@@ -195,10 +212,11 @@ def test_a_damaged_resume_checkpoint_is_refused_before_anything_is_discarded(tmp
     (True, ["--inference.builtin.dtype", "float16", "--inference.vllm.dtype", "half"], "float16", "half"),  # the user's
 ])
 def test_inference_computes_in_the_trainers_dtype_unless_set(tmp_path, on_gpu, extra, builtin, vllm):
-    from prime_rl.launch.plan import match_inference_dtype
+    from prime_rl.configs.base import with_values
+    from prime_rl.launch.plan import inference_dtypes
 
     config = rl_config(tmp_path, *extra)
-    match_inference_dtype(config, trainer_on_gpu=on_gpu)
+    config = with_values(config, inference_dtypes(config, trainer_on_gpu=on_gpu))
     assert (config.inference.builtin.dtype, config.inference.vllm.dtype) == (builtin, vllm)
 
 

@@ -1,17 +1,17 @@
-"""KL in the reward (`kl_in_reward`, `kl_coef`; verl's `use_kl_in_reward`): the reward minus kl_coef times the
-KL to the frozen reference model (model.name), before the advantage. Only the trainer has the reference, so it
-applies this for every type that has the option, from KL_t [T] on the trained tokens:
+"""KL in the reward (`[orchestrator.advantage.reward_kl]`: `estimator`, `coef`; verl's `use_kl_in_reward`): the
+reward minus coef times the KL to the frozen reference model (model.name), before the advantage. Only the trainer
+has the reference, so it applies this for every type, from KL_t [T] on the trained tokens:
 
     KL_t = lq_t - lref_t (k1), or exp(lref_t - lq_t) - (lref_t - lq_t) - 1 (k3)
 
 (lq: the sampler's logprob; the estimate is the loss's `kl_estimate`, the same as its KL regularizer).
 
-Trainer-computed types (`token_rewards`): per token, r_t = R [t = n] - kl_coef * KL_t (`token.py`).
+Trainer-computed types (`token_rewards`): per token, r_t = R [t = n] - coef * KL_t (`token.py`).
 
 Orchestrator-computed types (`kl_group_advantages`): for sample i of group g, with reward R_gi (the batch's
 `sample_rewards`) and trained tokens t:
 
-    r'_gi = R_gi - kl_coef * sum_t KL_t
+    r'_gi = R_gi - coef * sum_t KL_t
     A_gi  = the type's own function of row g of r' (the one the orchestrator runs on R), on every trained token
 
 A group's samples may sit on several ranks: every rank contributes (group, reward, KL sum) of its samples
@@ -29,12 +29,12 @@ from prime_rl.configs.advantage import AdvantageConfig
 from prime_rl.utils.errors import UserError
 
 
-def token_rewards(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float) -> Tensor:
-    """r_t [T] float64: the batch's `rewards` minus kl_coef * KL_t (`kl`: none without the option) on trained
+def token_rewards(rewards: Tensor, mask: Tensor, kl: Tensor | None, coef: float) -> Tensor:
+    """r_t [T] float64: the batch's `rewards` minus coef * KL_t (`kl`: none without the option) on trained
     tokens, 0 elsewhere."""
     out = rewards.double() * mask
     if kl is not None:
-        out = out - kl_coef * kl.double() * mask
+        out = out - coef * kl.double() * mask
     return out
 
 
@@ -46,13 +46,13 @@ def sample_table(groups: Tensor, rewards: Tensor, kl_sums: Tensor) -> Tensor:
 
 def kl_group_advantages(tables: list[Tensor], advantage: AdvantageConfig) -> list[Tensor]:
     """Per table (one per rank, rows as `sample_table`): A of each row under `advantage` with r' = reward -
-    kl_coef * KL sum (module docstring), float64. The same on every rank given the same tables."""
+    reward_kl.coef * KL sum (module docstring), float64. The same on every rank given the same tables."""
     table = torch.cat(tables) if tables else torch.zeros((0, 3), dtype=torch.float64)
     if table.shape[0] == 0:
         return [torch.zeros(0, dtype=torch.float64) for _ in tables]
     ids, inverse, sizes = torch.unique(table[:, 0], return_inverse=True, return_counts=True)
     if int(sizes.min()) != int(sizes.max()):
-        raise UserError(f"kl_in_reward: the batch's groups have {int(sizes.min())} to {int(sizes.max())} samples; "
+        raise UserError(f"reward_kl: the batch's groups have {int(sizes.min())} to {int(sizes.max())} samples; "
                         "every group needs the same number (rollouts_per_example)")
     slot = torch.zeros_like(inverse)  # each row's column within its group, in gathered order
     seen = torch.zeros(len(ids), dtype=torch.long)
@@ -60,6 +60,6 @@ def kl_group_advantages(tables: list[Tensor], advantage: AdvantageConfig) -> lis
         slot[row] = seen[g]
         seen[g] += 1
     penalized = torch.zeros((len(ids), int(sizes[0])), dtype=torch.float64)
-    penalized[inverse, slot] = table[:, 1] - advantage.kl_coef * table[:, 2]
+    penalized[inverse, slot] = table[:, 1] - advantage.reward_kl.coef * table[:, 2]
     advantages = advantage.function()(penalized)[inverse, slot]
     return list(torch.split(advantages, [t.shape[0] for t in tables]))

@@ -4,7 +4,7 @@ per step, before the update epochs, from the batch's `rewards` (each sample's re
 Per sample, over its trained tokens t = 1..n in order (tokens off the loss mask, such as a multi-turn
 sample's environment tokens, are skipped: the next trained token is the next state):
 
-    r_t      = R [t = n] - kl_coef * KL_t                 (`kl.token_rewards`; the KL term only with `kl_in_reward`)
+    r_t      = R [t = n] - coef * KL_t                    (`kl.token_rewards`; the KL term only with `reward_kl`)
     delta_t  = r_t + gamma V_{t+1} - V_t                   (V_{n+1} = 0)
     A_t      = delta_t + gamma lam A_{t+1}                 (A_{n+1} = 0)
     G_t      = A_t + V_t                                   (the critic's regression target)

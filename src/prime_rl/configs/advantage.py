@@ -3,7 +3,7 @@
 Every type is registered in `ADVANTAGES` (`@ADVANTAGES.config`) and says where it is computed
 (`computed_in`); its function, in `prime_rl.advantages`, registers with `@ADVANTAGES.implements(ItsConfig)`
 and is called with the config's `arguments()` (every field but `type` and the options the framework
-applies itself: `kl_in_reward`, `kl_coef`, and a trainer-computed type's `whiten`):
+applies itself: `reward_kl`, and a trainer-computed type's `whiten`):
 
     computed_in = "orchestrator"   fn(rewards, **arguments) -> advantages
                                    rewards [groups, rollouts] float64 (row g: the rollouts of one prompt),
@@ -13,7 +13,10 @@ applies itself: `kl_in_reward`, `kl_coef`, and a trainer-computed type's `whiten
                                    rewards r_t, the critic's V_t, the loss mask, the segment lengths), before
                                    the update epochs; whitened over the step when the config's `whiten` is true
 
-See docs/orchestrator.md#advantages for the formulas.
+The config is the run's one advantage plan: the orchestrator and the trainer read what each does from it alone
+(`trainer_step`, `batch_fields`, `uses_critic`), and the filters that judge groups by their advantages refuse a
+type whose advantages only the trainer knows (`OrchestratorConfig`). The pipeline from a reward to the loss's
+advantage, and every formula: docs/orchestrator.md#advantages.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.extensions import Registry
@@ -31,11 +34,27 @@ from prime_rl.utils.imports import import_callable
 ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.advantages")
 
 ComputedIn = Literal["orchestrator", "trainer"]
+TrainerStep = Literal["tokens", "groups"] | None
 
-FRAMEWORK_OPTIONS = frozenset({"type", "kl_in_reward", "kl_coef"})
+FRAMEWORK_OPTIONS = frozenset({"type", "reward_kl"})
 """Fields the framework applies around a type's function, never passed to it: the type and the KL folded into the
 reward (the trainer, which has the reference model); of a trainer-computed type also `whiten` (the trainer whitens
 its A over the step). A group type's own field of that name is its own."""
+
+RENAMED = {"kl_in_reward": "reward_kl.estimator", "kl_coef": "reward_kl.coef"}
+"""Keys of earlier versions: the KL in the reward is its own section, named apart from the loss's `kl_coef`."""
+
+
+class RewardKlConfig(BaseConfig):
+    """`[orchestrator.advantage.reward_kl]`: the KL to the reference model (model.name, frozen) folded into the
+    reward before the advantage (verl's `use_kl_in_reward`). Not the loss's KL regularizer (`loss.kl_coef`), which
+    adds a KL term to the loss instead. The formulas: docs/losses.md#kl-in-the-reward."""
+
+    estimator: Literal["k1", "k3"] = "k1"
+    """The per-token KL estimate between the sampler and the reference: k1 = lq - lref, k3 = exp(lref - lq) -
+    (lref - lq) - 1 (lq: the sampler's logprob)."""
+    coef: float = Field(default=0.01, ge=0)
+    """Its weight: the reward becomes r - coef * KL."""
 
 
 class AdvantageBase(BaseConfig):
@@ -47,6 +66,22 @@ class AdvantageBase(BaseConfig):
     has: the critic's V_t, the reference's logprobs); the orchestrator then writes advantages of 0."""
     compares_rollouts: ClassVar[bool] = True
     """True for a group-relative type: it compares the rollouts of one prompt, so it needs at least 2 of them."""
+    uses_critic: ClassVar[bool] = False
+    """The trainer trains a critic V for this type (`[trainer.critic]`) and gives its function V_t."""
+
+    reward_kl: RewardKlConfig | None = None
+    """Fold the KL to the reference model into the reward before this type's advantage (`RewardKlConfig`); the
+    trainer then computes the advantages (it has the reference model). none: the rewards alone."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        old = sorted(key for key in RENAMED if key in data and key not in cls.model_fields) \
+            if isinstance(data, dict) else []
+        if old:
+            raise ValueError(f"{old[0]} is now {RENAMED[old[0]]}: write [orchestrator.advantage.reward_kl] with "
+                             "estimator and coef (named apart from loss.kl_coef, the loss's regularizer)")
+        return data
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of the implementation: every field but `FRAMEWORK_OPTIONS` (and a trainer-computed
@@ -65,27 +100,23 @@ class AdvantageBase(BaseConfig):
         return bool(getattr(self, "whiten", False))
 
     @property
-    def group_kl(self) -> bool:
-        """An orchestrator-computed type with `kl_in_reward`: the trainer recomputes its advantages from each
-        sample's reward minus its KL to the reference (`prime_rl.advantages.kl`); the orchestrator sends rewards
-        and groups."""
-        return self.computed_in == "orchestrator" and getattr(self, "kl_in_reward", None) is not None
+    def trainer_step(self) -> TrainerStep:
+        """What the trainer does to the batch before the loss: "tokens" computes a trainer-computed type's
+        advantages per token; "groups" recomputes an orchestrator-computed type's from each sample's reward minus
+        its KL (`reward_kl`, `prime_rl.advantages.kl`); None trains on the advantages the orchestrator wrote."""
+        if self.computed_in == "trainer":
+            return "tokens"
+        return "groups" if self.reward_kl is not None else None
 
-
-class _GroupKl(AdvantageBase):
-    """The KL-in-reward option of the group types (verl's `use_kl_in_reward`)."""
-
-    kl_in_reward: Literal["k1", "k3"] | None = None
-    """Fold the KL to the reference model (model.name, frozen) into each sample's reward before the group
-    comparison: r_i - kl_coef * sum_t KL_t over its trained tokens (k1 = lq - lref, k3 = exp(lref - lq) -
-    (lref - lq) - 1; lq: the sampler's logprob). The trainer computes these advantages (it has the reference
-    model); none: the orchestrator's, from the rewards alone."""
-    kl_coef: float = Field(default=0.01, ge=0)
-    """Weight of the KL in the reward (with kl_in_reward)."""
+    @property
+    def batch_fields(self) -> tuple[str, ...]:
+        """The optional batch fields (`batch_format`) the orchestrator writes for the trainer's step: each token's
+        reward for "tokens", each segment's group and reward for "groups"."""
+        return {"tokens": ("rewards",), "groups": ("sample_groups",), None: ()}[self.trainer_step]
 
 
 @ADVANTAGES.config
-class GrpoAdvantageConfig(_GroupKl):
+class GrpoAdvantageConfig(AdvantageBase):
     """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within each group (sample std)."""
 
     type: Literal["grpo"] = "grpo"
@@ -94,21 +125,21 @@ class GrpoAdvantageConfig(_GroupKl):
 
 
 @ADVANTAGES.config
-class DrGrpoAdvantageConfig(_GroupKl):
+class DrGrpoAdvantageConfig(AdvantageBase):
     """Dr. GRPO: A_i = r_i - mean(r) within each group."""
 
     type: Literal["dr_grpo"] = "dr_grpo"
 
 
 @ADVANTAGES.config
-class RlooAdvantageConfig(_GroupKl):
+class RlooAdvantageConfig(AdvantageBase):
     """RLOO: A_i = r_i - mean_{j != i} r_j (leave-one-out baseline) within each group."""
 
     type: Literal["rloo"] = "rloo"
 
 
 @ADVANTAGES.config
-class RppBaselineAdvantageConfig(_GroupKl):
+class RppBaselineAdvantageConfig(AdvantageBase):
     """REINFORCE++-baseline: a_i = r_i - mean(r) within each group, then whitened over the whole batch."""
 
     type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"
@@ -117,7 +148,7 @@ class RppBaselineAdvantageConfig(_GroupKl):
 @ADVANTAGES.config
 class ReinforcePlusPlusAdvantageConfig(AdvantageBase):
     """Token-level REINFORCE++: per-token rewards r_t (the sample's reward on its last token, minus
-    kl_coef * KL_t on every token with `kl_in_reward`), discounted returns G_t = sum_{k>=t} gamma^(k-t) r_k,
+    coef * KL_t on every token with `reward_kl`), discounted returns G_t = sum_{k>=t} gamma^(k-t) r_k,
     whitened over every trained token of the batch. Computed by the trainer."""
 
     type: Literal["reinforce_plus_plus"] = "reinforce_plus_plus"
@@ -126,11 +157,6 @@ class ReinforcePlusPlusAdvantageConfig(AdvantageBase):
     whiten: ClassVar[bool] = True
     gamma: float = Field(default=1.0, ge=0, le=1)
     """Discount per token."""
-    kl_in_reward: Literal["k1", "k3"] | None = None
-    """Fold the KL to the reference model (model.name, frozen) into the per-token reward: k1 = lq - lref,
-    k3 = exp(lref - lq) - (lref - lq) - 1 (lq: the sampler's logprob); none: no KL term."""
-    kl_coef: float = Field(default=0.01, ge=0)
-    """Weight of the KL in the reward (with kl_in_reward)."""
 
 
 @ADVANTAGES.config
@@ -141,16 +167,13 @@ class GaeAdvantageConfig(AdvantageBase):
     type: Literal["gae"] = "gae"
     computed_in: ClassVar[ComputedIn] = "trainer"
     compares_rollouts: ClassVar[bool] = False
+    uses_critic: ClassVar[bool] = True
     gamma: float = Field(default=1.0, ge=0, le=1)
     """Discount per token."""
     lam: float = Field(default=0.95, ge=0, le=1)
     """GAE's lambda: 0 is the one-step TD advantage, 1 the Monte-Carlo return minus V_t."""
     whiten: bool = True
     """Whiten the advantages over every trained token of the batch: (A - mean) / (std + eps)."""
-    kl_in_reward: Literal["k1", "k3"] | None = None
-    """As for reinforce_plus_plus: the KL to the reference model folded into the per-token reward."""
-    kl_coef: float = Field(default=0.01, ge=0)
-    """Weight of the KL in the reward (with kl_in_reward)."""
 
 
 @ADVANTAGES.config

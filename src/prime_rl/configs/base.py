@@ -7,14 +7,18 @@ pydantic-settings model whose sources are, by precedence,
     CLI overrides  >  PRIME_* environment variables  >  later TOML  >  earlier TOML  >  defaults
 
 Use `prime_rl.configs.cli.parse_config(MyConfig, argv)` to build one from the command line.
+
+A config is made in two steps: validation (each field, then `check_consistency`: rules across keys, which only
+check), then derivation (`derived`: the values that follow from others, filled in on a copy by `with_values`).
+`build` does both; nothing assigns to a config after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.fields import FieldInfo
@@ -42,6 +46,31 @@ _inside_entrypoint: ContextVar[bool] = ContextVar("_inside_entrypoint", default=
 _STRICT = dict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False)
 NONE = "none"
 """The word for None where a value is text (the command line, PRIME_* variables, a TOML file)."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def with_values(model: M, values: Mapping[str, Any]) -> M:
+    """A copy of `model` with each dotted key of `values` (`inference.port`) set, the sections along each path
+    copied too; `model` itself is never changed, and sections no key reaches are shared with it. The values are
+    derived ones: not validated again (whoever derives them is their check) and not counted as set by the user
+    (`model_fields_set` stays as it was, so a later rule on what the user set still sees only that)."""
+    nested: dict[str, dict[str, Any]] = {}
+    update: dict[str, Any] = {}
+    for key, value in values.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            update[head] = value
+    clash = nested.keys() & update.keys()
+    if clash:
+        raise ValueError(f"with_values: {sorted(clash)} set both as a whole and in part")
+    update |= {head: with_values(getattr(model, head), sub) for head, sub in nested.items()}
+    copy = model.model_copy(update=update)
+    copy.model_fields_set.difference_update(update.keys() - model.model_fields_set)
+    return copy
 
 
 def sections_off(cls: type[BaseModel], data: Any) -> Any:
@@ -102,10 +131,16 @@ class EntrypointConfig(BaseSettings):
         """Rules that tie several keys (or files they name) together; raise ValueError naming `prefix` + key.
 
         Runs once, on the outermost entrypoint config, after every field is validated, and on
-        each validated assignment. A config nested in another (`rl`'s `[trainer]`) does not run
-        its own: it gets `rl`'s shared keys only after validation, so `rl` runs it (with a
-        prefix) once they are handed down.
+        each validated assignment; it only checks (a value that follows from others is `derived`'s). A config
+        nested in another (`rl`'s `[trainer]`) does not run its own: its shared keys are `rl`'s, so `rl` runs it
+        (with a prefix) on the component as `derived` will hand it down.
         """
+
+    def derived(self) -> EntrypointConfig:
+        """The config the command runs with: a copy with the values that follow from others filled in (`rl` hands
+        its shared keys down to its components), by `with_values`. Called once, by `build`, after validation;
+        by default the config itself (nothing to derive)."""
+        return self
 
     @classmethod
     def settle_layers(cls, layers: Sequence[Layer]) -> tuple[dict[str, Any], list[str]]:
@@ -156,9 +191,9 @@ class EntrypointConfig(BaseSettings):
 
     @classmethod
     def build(cls, toml_files: list[Path] | tuple[Path, ...] = (), overrides: dict[str, Any] | None = None):
-        """Build the config from TOML files (in order) and CLI-style nested overrides."""
+        """Build the config from TOML files (in order) and CLI-style nested overrides: validated, then derived."""
         token = _building.set((cls, tuple(Path(p) for p in toml_files)))
         try:
-            return cls(**(overrides or {}))
+            return cls(**(overrides or {})).derived()
         finally:
             _building.reset(token)

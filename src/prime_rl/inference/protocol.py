@@ -259,11 +259,13 @@ class ChatRequest(SamplingFields):
         """The `tools=` of the chat template: the schemas as sent, or None."""
         return [tool.model_dump(exclude_unset=True) for tool in self.tools] if self.tools else None
 
-    @model_validator(mode="after")
-    def _one_limit(self):
-        if self.max_tokens is None:
-            self.max_tokens = self.max_completion_tokens
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _one_limit(cls, data: Any) -> Any:
+        """`max_completion_tokens` (the newer name) is `max_tokens` when that is not given."""
+        if isinstance(data, dict) and data.get("max_tokens") is None and "max_completion_tokens" in data:
+            return {**data, "max_tokens": data["max_completion_tokens"]}
+        return data
 
 
 MAX_PROMPTS = 1024  # prompts of one completions request (a batch of token-id prompts)

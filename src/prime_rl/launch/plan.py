@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from prime_rl import run_lock
+from prime_rl.configs.base import with_values
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.inference.config import VLLM_MISSING, InferenceConfig, resolved_backend, vllm_available
@@ -89,8 +90,9 @@ class RunPlan:
 
 
 def plan_run(loaded: RLConfig) -> RunPlan:
-    """Decide the run (module docstring); raises ConfigError/UserError on anything that cannot work."""
-    config = loaded.model_copy(deep=True)
+    """Decide the run (module docstring); raises ConfigError/UserError on anything that cannot work. The run's
+    values are filled in on copies (`with_values`): `loaded` is never changed."""
+    config = loaded
     recorded = config.recorded()
     config.model.path  # noqa: B018 -- a missing local model is an input error: report it before creating anything
     key_env = run_api_key(config)
@@ -98,35 +100,49 @@ def plan_run(loaded: RLConfig) -> RunPlan:
     owner = "trainer" in here
     base = config.output_dir if owner else node_dir(config.output_dir, socket.gethostname())
     doomed = prepare_output_dir(config) if owner else []
-    resumed = pin_resume_step(config)
+    resumed = resume_step(config)
     if resumed is not None and owner:
         verify_resume_checkpoint(config, resumed)
     inference_devices, trainer_devices = assign_devices(config)
     server_devices = split_devices(inference_devices, config.inference.num_servers)
-    match_inference_dtype(config, bool(trainer_devices))
-    config.inference.weight_dirs = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
-    servers = {}
+    values = inference_dtypes(config, bool(trainer_devices))
+    if resumed is not None:  # every part resumes from the same step
+        values |= {f"{where}ckpt.resume_step": resumed for where in ("", "trainer.", "orchestrator.")}
+    values["inference.weight_dirs"] = [*config.inference.weight_dirs, weights_root(config.output_dir).absolute()]
     if "inference" in here:
-        config.inference.port = server_port(config.inference.host, config.inference.port
-                                             if "port" in config.inference.model_fields_set else 0)
+        values["inference.port"] = server_port(config.inference.host, config.inference.port
+                                               if "port" in config.inference.model_fields_set else 0)
+    values["orchestrator.trainer_world_size"] = config.trainer.num_processes * config.deployment.trainer_nodes
+    # vLLM samples every output row; the builtin server only the tokenizer's ids: the trainer scores the same set.
+    values["trainer.sampled_vocab"] = "model" if resolved_backend(config.inference.backend) == "vllm" else "tokenizer"
+    config = with_values(config, values)
+
+    servers: dict[str, InferenceConfig] = {}
+    values = {}
+    if "inference" in here:
         servers["inference"] = config.inference
         for name in policy_servers(config)[1:]:
             servers[name] = config.inference.model_copy(update={"port": server_port(config.inference.host, 0)})
         urls = [f"http://{server.host}:{server.port}/v1" for server in servers.values()]
-        config.orchestrator.client.base_url = urls if len(urls) > 1 else urls[0]
+        values["orchestrator.client.base_url"] = urls if len(urls) > 1 else urls[0]
     if config.weight_transfer.mode == "distributed":
-        assign_transfer_ranks(config, list(servers.values()), f"127.0.0.1:{server_port('127.0.0.1', 0)}")
+        transfer, ranks = transfer_group(config, len(servers), f"127.0.0.1:{server_port('127.0.0.1', 0)}")
+        values["trainer.weight_transfer"] = transfer
+        servers = {name: server.model_copy(update={"weight_transfer": rank})
+                   for (name, server), rank in zip(servers.items(), ranks, strict=True)}
+        if "inference" in servers:
+            values["inference.weight_transfer"] = servers["inference"].weight_transfer
     teacher = None
     if starts_teacher(config):
         teacher = teacher_server(config, server_port(config.inference.host, 0))
-        config.orchestrator.teacher = config.teacher.model_copy(
+        values["orchestrator.teacher"] = config.teacher.model_copy(
             update={"base_url": f"http://{teacher.host}:{teacher.port}/v1"})
+    config = with_values(config, values)
+    if "inference" in servers:
+        servers["inference"] = config.inference
     for name, server in (*servers.items(), (TEACHER, teacher)):
         if server is not None and resolved_backend(server.backend) == "vllm" and not vllm_available():
             raise ConfigError(f"{name} server: {VLLM_MISSING}")
-    config.orchestrator.trainer_world_size = config.trainer.num_processes * config.deployment.trainer_nodes
-    # vLLM samples every output row; the builtin server only the tokenizer's ids: the trainer scores the same set.
-    config.trainer.sampled_vocab = "model" if resolved_backend(config.inference.backend) == "vllm" else "tokenizer"
     devices = {TEACHER: inference_devices, "orchestrator": "", "trainer": trainer_devices,
                **dict(zip(policy_servers(config), server_devices, strict=True))}
     return RunPlan(config, recorded, owner, base, doomed, resumed, servers, teacher, devices, key_env)
@@ -168,16 +184,11 @@ def prepare_output_dir(config: RLConfig) -> list[Path]:
     return output_dir.plan(config.output_dir, config.overwrite, config.ckpt.resume_step is not None)
 
 
-def pin_resume_step(config: RLConfig) -> int | None:
-    """Pin `ckpt.resume_step` of the run and its components to one complete (trainer + orchestrator)
-    checkpoint step N: 'latest' becomes the newest (`run_dir.resolve_resume_step`). Changes no file."""
+def resume_step(config: RLConfig) -> int | None:
+    """The one complete (trainer + orchestrator) checkpoint step N the run and its components resume from:
+    `ckpt.resume_step` with 'latest' the newest (`run_dir.resolve_resume_step`); None without a resume."""
     wanted = config.ckpt.resume_step
-    if wanted is None:
-        return None
-    wanted = resolve_resume_step(config.output_dir, wanted, RUN_PARTS)
-    for component in (config, config.trainer, config.orchestrator):
-        object.__setattr__(component.ckpt, "resume_step", wanted)
-    return wanted
+    return None if wanted is None else resolve_resume_step(config.output_dir, wanted, RUN_PARTS)
 
 
 def verify_resume_checkpoint(config: RLConfig, step: int) -> None:
@@ -225,16 +236,14 @@ def assign_devices(config: RLConfig) -> tuple[str, str]:
     return ",".join(map(str, inference)), ",".join(map(str, trainer))
 
 
-def match_inference_dtype(config: RLConfig, trainer_on_gpu: bool) -> None:
+def inference_dtypes(config: RLConfig, trainer_on_gpu: bool) -> dict[str, str]:
     """The inference servers compute in the trainer's compute dtype unless set: bfloat16 where the trainer runs
     on GPUs in bf16 mixed precision (`runtime.dtype` auto or bfloat16), float32 otherwise, so that on-policy
-    logprobs agree (ratio 1 at max_async_level 0) on GPU as on CPU."""
+    logprobs agree (ratio 1 at max_async_level 0) on GPU as on CPU. Returns the dotted keys to fill in."""
     bf16 = trainer_on_gpu and config.trainer.runtime.dtype in ("auto", "bfloat16")
     dtype = "bfloat16" if bf16 else "float32"
-    if "dtype" not in config.inference.builtin.model_fields_set:
-        config.inference.builtin.dtype = dtype
-    if "dtype" not in config.inference.vllm.model_fields_set:
-        config.inference.vllm.dtype = dtype
+    return {f"inference.{backend}.dtype": dtype for backend in ("builtin", "vllm")
+            if "dtype" not in getattr(config.inference, backend).model_fields_set}
 
 
 def starts_teacher(config: RLConfig) -> bool:
@@ -271,18 +280,18 @@ def policy_servers(config: RLConfig) -> list[str]:
     return ["inference", *(f"inference_{i}" for i in range(1, config.inference.num_servers))]
 
 
-def assign_transfer_ranks(config: RLConfig, servers: list[InferenceConfig], address: str) -> None:
+def transfer_group(config: RLConfig, servers: int, address: str
+                   ) -> tuple[WeightTransferConfig, list[WeightTransferConfig]]:
     """The weight transfer group (`weight_transfer.mode = "distributed"`) at `address`: the trainer's rank 0, then
-    each server's ranks in order: one for a builtin server, one per tensor-parallel worker for vLLM."""
+    each server's ranks in order: one for a builtin server, one per tensor-parallel worker for vLLM. Returns the
+    trainer's `weight_transfer` and each server's."""
     per_server = config.inference.vllm.tensor_parallel_size if resolved_backend(config.inference.backend) == "vllm" \
         else 1
     # The servers join once started (vLLM: after loading and compiling), which may take startup_timeout_s.
     setup_s = max(config.weight_transfer.timeout_s, config.deployment.startup_timeout_s)
-    transfer = config.weight_transfer.model_copy(update={"address": address, "servers": len(servers),
+    transfer = config.weight_transfer.model_copy(update={"address": address, "servers": servers,
                                                          "ranks_per_server": per_server, "timeout_s": setup_s})
-    config.trainer.weight_transfer = transfer
-    for i, server in enumerate(servers):
-        server.weight_transfer = transfer.model_copy(update={"rank": 1 + i * per_server})
+    return transfer, [transfer.model_copy(update={"rank": 1 + i * per_server}) for i in range(servers)]
 
 
 def is_server(name: str) -> bool:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.base import BaseConfig, with_values
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
 from prime_rl.configs.shared import ASYNC_LEVEL_DEFAULT, AsyncLevel, CkptConfig, RunConfig, WeightTransferConfig
 from prime_rl.inference.config import InferenceConfig, resolved_backend
@@ -91,22 +91,25 @@ class SlurmConfig(BaseConfig):
         return value.isoformat() if isinstance(value, datetime.time) else value
 
 
-def _hand_down(shared: BaseModel, sub: BaseModel, names: Iterable[str], where: str) -> None:
-    """Copy the fields `names` of `shared` into `sub`; a value `sub` set explicitly must agree.
+def handed_down(shared: BaseModel, sub: BaseModel, names: Iterable[str], where: str) -> dict[str, Any]:
+    """The values `sub` (at dotted key `where`) takes from `shared`: its fields `names`, as dotted keys for
+    `with_values`; a value `sub` set explicitly must agree (ValueError naming the key).
 
     Sections of the same type recurse field by field, so a component's own extra fields
     survive and only an explicitly set, different leaf is a contradiction.
     """
+    values: dict[str, Any] = {}
     for name in names:
         mine, theirs = getattr(shared, name), getattr(sub, name)
-        key = f"{where}.{name}" if where else name
+        key = f"{where}.{name}"
         if isinstance(mine, BaseModel) and type(theirs) is type(mine):
-            _hand_down(mine, theirs, type(mine).model_fields, key)
+            values |= handed_down(mine, theirs, type(mine).model_fields, key)
             continue
         if name in sub.model_fields_set and theirs != mine:
             raise ValueError(f"'{key}' = {theirs!r} contradicts the shared value {mine!r}; "
                              "set it once, at the top level")
-        object.__setattr__(sub, name, mine)
+        values[key] = mine
+    return values
 
 
 class RLConfig(RunConfig):
@@ -216,31 +219,50 @@ class RLConfig(RunConfig):
             raise ValueError("overwrite: only the rl that runs the trainer owns the run directory "
                              "(deployment.components)")
 
+    def derived(self) -> RLConfig:
+        """What each component runs with, on a copy (`derived_values`)."""
+        return with_values(self, self.derived_values())
+
+    def derived_values(self) -> dict[str, Any]:
+        """The values `rl` fills into its components, as dotted keys: every shared key handed down to each
+        component that has it (`handed_down`: a component's own different value is a contradiction),
+        `trainer.advantage` from `orchestrator.advantage`, `orchestrator.share_prompts` off under flash attention
+        (unless set), and `inference.vllm.max_lora_rank` at `trainer.lora.rank` when the trainer publishes LoRA
+        adapters (unless set). The run's ports, devices and resume step are `launch/plan.py`'s (they need the
+        machine and the run directory)."""
+        values: dict[str, Any] = {}
+        for component in COMPONENTS:
+            sub = getattr(self, component)
+            values |= handed_down(self, sub, [key for key in SHARED_KEYS if key in type(sub).model_fields], component)
+        values["trainer.advantage"] = self.orchestrator.advantage
+        if self.trainer.runtime.attn_implementation == "flash_attention_2":  # see orchestrator.share_prompts
+            values["orchestrator.share_prompts"] = False
+        lora = self.trainer.lora
+        if lora is not None and not lora.merge and self.inference.vllm.max_lora_rank is None:
+            values["inference.vllm.max_lora_rank"] = lora.rank  # the trainer publishes adapters: vLLM serves them
+        return values
+
     def check_consistency(self, prefix: str = "") -> None:
-        """Hand the shared keys down, then check each component with them and the rules across components.
+        """Check each component as `derived` hands it down, then the rules across components (it only checks).
 
         `--overwrite` (delete the run) and `ckpt.resume_step` (continue it) contradict each other; so does an
         `orchestrator.sampling.max_tokens` that leaves no room for a prompt in the server's context: `seq_len`
         (the builtin server's, and the length rollouts are packed to) or `inference.vllm.max_model_len` when
-        set and vllm may serve. A trainer that publishes LoRA adapters sets `inference.vllm.max_lora_rank`.
+        set and vllm may serve. A trainer that publishes LoRA adapters needs `inference.vllm.max_lora_rank` >= its
+        rank.
         """
-        for component in COMPONENTS:
-            sub = getattr(self, component)
-            names = [key for key in SHARED_KEYS if key in type(sub).model_fields]
-            _hand_down(self, sub, names, component)
         if "advantage" in self.trainer.model_fields_set and self.trainer.advantage != self.orchestrator.advantage:
             raise ValueError("trainer.advantage is handed down from orchestrator.advantage: "
                              "set only [orchestrator.advantage]")
-        self.trainer.advantage = self.orchestrator.advantage  # the trainer computes the token-level types
+        derived = self.derived()
         for component in COMPONENTS:
-            getattr(self, component).check_consistency(f"{component}.")
+            getattr(derived, component).check_consistency(f"{component}.")
         if self.overwrite and self.ckpt.resume_step is not None:
             raise ValueError("overwrite deletes the run that ckpt.resume_step continues: give one of them")
-        if self.trainer.runtime.attn_implementation == "flash_attention_2":  # see orchestrator.share_prompts
-            if "share_prompts" in self.orchestrator.model_fields_set and self.orchestrator.share_prompts:
-                raise ValueError("orchestrator.share_prompts = true contradicts trainer.runtime.attn_implementation = "
-                                 "'flash_attention_2', which computes a shared prompt once per completion")
-            self.orchestrator.share_prompts = False
+        if self.trainer.runtime.attn_implementation == "flash_attention_2" and self.orchestrator.share_prompts \
+                and "share_prompts" in self.orchestrator.model_fields_set:
+            raise ValueError("orchestrator.share_prompts = true contradicts trainer.runtime.attn_implementation = "
+                             "'flash_attention_2', which computes a shared prompt once per completion")
         if self.orchestrator.rollout_mode == "continuous" and self.inference.backend == "vllm":
             raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
                              "builtin backend has (inference.backend)")
@@ -262,12 +284,9 @@ class RLConfig(RunConfig):
                 resolved_backend(self.inference.backend) == "vllm":
             raise ValueError("trainer.lora.modules_to_save needs trainer.lora.merge = true on vLLM (its LoRA adapters "
                              "cannot carry fully trained modules)")
-        if lora is not None and not lora.merge:  # the trainer publishes adapters: vLLM must serve that rank
-            served = self.inference.vllm.max_lora_rank
-            if served is None:
-                self.inference.vllm.max_lora_rank = lora.rank
-            elif served < lora.rank:
-                raise ValueError(f"inference.vllm.max_lora_rank = {served} is below trainer.lora.rank = {lora.rank}")
+        served = self.inference.vllm.max_lora_rank
+        if lora is not None and not lora.merge and served is not None and served < lora.rank:
+            raise ValueError(f"inference.vllm.max_lora_rank = {served} is below trainer.lora.rank = {lora.rank}")
         limits = {"seq_len": self.seq_len}
         if self.inference.backend != "builtin" and self.inference.vllm.max_model_len is not None:
             limits["inference.vllm.max_model_len"] = self.inference.vllm.max_model_len

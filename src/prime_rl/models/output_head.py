@@ -4,7 +4,7 @@ Hugging Face's causal LMs compute `logits = lm_head(h)` from the final hidden st
 they keep (`logits_to_keep`) and, for most architectures, return that unchanged. For those
 (`head_output_is_logits`), replacing the head's forward for one call gives the caller h itself (the builtin
 engine: logits of only the positions it samples, in chunks) or per-token statistics computed from h in
-chunks (`trainer.lm_head`: logprobs and entropies), so the [tokens, vocab] logits of a whole sequence are
+chunks (`trainer.chunked_logprobs`: logprobs and entropies), so the [tokens, vocab] logits of a whole sequence are
 never materialised. A model that rescales or soft-caps its logits after the head (Gemma 2, Granite,
 Cohere) is left alone and run as usual.
 """

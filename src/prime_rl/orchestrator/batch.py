@@ -8,7 +8,7 @@ trained tokens, unless it has per-token advantages (`token_advantages`, the OPD 
 `advantages/distillation.py`). With a teacher every row carries `teacher_logprobs` (the
 teacher's logprob of each trained token); with an advantage type computed in the trainer every row carries
 `rewards` (the sample's reward on its last trained token, 0 elsewhere: the trainer computes the
-advantages). All of them are 0 off the loss mask. With a group type's `kl_in_reward` every row
+advantages). All of them are 0 off the loss mask. With a group type's `reward_kl` every row
 carries `sample_groups` and `sample_rewards` per segment (the sample's group within the step and
 its reward; -1 and 0 for a root or padding): the trainer recomputes the group advantages.
 

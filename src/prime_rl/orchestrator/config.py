@@ -308,11 +308,11 @@ class OrchestratorConfig(RunConfig):
             if clashing:
                 raise ValueError(f"advantage type '{self.advantage.type}' is computed per token by the trainer: "
                                  f"{clashing[0]} needs the orchestrator's advantages (turn it off)")
-        if self.advantage.group_kl:  # the trainer recomputes the group advantages with the KL in the reward
+        if self.advantage.trainer_step == "groups":  # the trainer recomputes them with the KL in the reward
             clashing = [name for name in ("normalize_advantages",) if getattr(self, name)] + (
                 ["teacher"] if self.teacher is not None else [])
             if clashing:
-                raise ValueError(f"advantage.kl_in_reward makes the trainer compute the '{self.advantage.type}' "
+                raise ValueError(f"advantage.reward_kl makes the trainer compute the '{self.advantage.type}' "
                                  f"advantages from rewards minus the KL: {clashing[0]} needs the orchestrator's "
                                  "(turn one of them off)")
         names = [e.metric_name for e in self.env]

@@ -191,9 +191,7 @@ class Orchestrator:
         samples = self.samples(kept, advantages)
         if self.teacher is not None:  # teacher logprobs and the OPD advantage (advantages/distillation.py)
             metrics |= await self.teacher.apply(samples, c.teacher_temperature)
-        optional = ((("teacher_logprobs",) if self.teacher is not None else ())
-                    + (("rewards",) if c.advantage.computed_in == "trainer" else ())
-                    + (("sample_groups",) if c.advantage.group_kl else ()))
+        optional = (("teacher_logprobs",) if self.teacher is not None else ()) + c.advantage.batch_fields
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
                              c.share_prompts, optional, c.advantage.type)
         write_step(c.output_dir, step, batches)

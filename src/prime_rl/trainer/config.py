@@ -188,8 +188,8 @@ class TrainerConfig(TrainingConfig):
     never an output row past the tokenizer's ids, e.g. Qwen3's 267 padded rows) or "model" (vLLM: every row of
     the output embedding). `rl` sets it from inference.backend; see docs/inference.md, "Padded vocabularies"."""
     advantage: AdvantageConfig = Field(default_factory=GrpoAdvantageConfig)
-    """The advantage type (`rl` hands down orchestrator.advantage); the trainer computes only the token-level
-    types (reinforce_plus_plus, gae) itself, from the batch's rewards."""
+    """The advantage type (`rl` hands down orchestrator.advantage): what the trainer computes before the loss is
+    its `trainer_step` (`configs/advantage.py`)."""
     critic: CriticConfig | None = None
     """The critic of advantage type "gae" (none there: the defaults); only "gae" uses one."""
     update_epochs: Annotated[int, Field(ge=1)] = 1
@@ -208,15 +208,15 @@ class TrainerConfig(TrainingConfig):
     def critic_in_use(self) -> CriticConfig | None:
         """The critic this run trains: [critic] (its defaults when absent) under advantage type "gae", else none.
         `critic` is the section as written (none also under "gae"); this is what the trainer builds."""
-        return (self.critic or CriticConfig()) if self.advantage.type == "gae" else None
+        return (self.critic or CriticConfig()) if self.advantage.uses_critic else None
 
     def check_consistency(self, prefix: str = "") -> None:
         if self.weight_transfer.mode == "distributed" and self.lora is not None and not self.lora.merge:
             raise ValueError(f"{prefix}weight_transfer.mode = 'distributed' sends full weights: with lora set "
                              "lora.merge = true (or use the filesystem)")
-        if self.critic is not None and self.advantage.type != "gae":
-            raise ValueError(f"{prefix}critic is used only by advantage type 'gae' (the advantage type is "
-                             f"{self.advantage.type!r})")
+        if self.critic is not None and not self.advantage.uses_critic:
+            raise ValueError(f"{prefix}critic is used only by an advantage type with a critic, such as 'gae' (the "
+                             f"advantage type is {self.advantage.type!r})")
         critic = self.critic
         if critic is not None and critic.type == "separate" and critic.value_coef is not None:
             raise ValueError(f"{prefix}critic.value_coef weights the value loss in the policy's loss, which only "

@@ -306,9 +306,9 @@ def score_rows(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingR
                entropies: bool = True, hidden: bool = False
                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[torch.Tensor] | None]:
     """((lp, H) per row as `token_logprobs` defines them, final hidden states per row with `hidden`) of packed
-    rows in one forward. Where the model allows (`models.output_head.head_output_is_logits`) the output embedding answers
-    (lp, H) per position in chunks of tokens and no [tokens, vocab] logits exist (`trainer.lm_head`); else the
-    full logits are scored."""
+    rows in one forward. Where the model allows (`models.output_head.head_output_is_logits`) the output embedding
+    answers (lp, H) per position in chunks of tokens and no [tokens, vocab] logits exist (`trainer.chunked_logprobs`);
+    else the full logits are scored."""
     rows = on_model_device(model, rows)
     _check_sampled_vocabulary(rows, rule)
     if not head_output_is_logits(model):

@@ -648,13 +648,12 @@ def test_vllm_launch_sets_the_transfer_for_its_workers_or_refuses_in_one_line(tm
 
 @pytest.mark.parametrize(("backend", "tp", "ranks"), [("builtin", 2, [1, 2]), ("vllm", 2, [1, 3]), ("vllm", 1, [1, 2])])
 def test_rl_gives_each_vllm_worker_a_rank_in_the_transfer_group(backend, tp, ranks):
-    from prime_rl.launch.plan import assign_transfer_ranks
+    from prime_rl.launch.plan import transfer_group
     from prime_rl.launch.rl_config import RLConfig
 
     config = RLConfig.build([], {"weight_transfer": {"mode": "distributed"},
                                  "inference": {"backend": backend, "vllm": {"tensor_parallel_size": tp}}})
-    servers = [config.inference, config.inference.model_copy()]
-    assign_transfer_ranks(config, servers, "127.0.0.1:1234")
-    assert [server.weight_transfer.rank for server in servers] == ranks
-    assert config.trainer.weight_transfer.world_size == 1 + 2 * (tp if backend == "vllm" else 1)
-    assert all(s.weight_transfer.address == config.trainer.weight_transfer.address == "127.0.0.1:1234" for s in servers)
+    trainer, servers = transfer_group(config, 2, "127.0.0.1:1234")
+    assert [server.rank for server in servers] == ranks
+    assert trainer.rank == 0 and trainer.world_size == 1 + 2 * (tp if backend == "vllm" else 1)
+    assert all(s.address == trainer.address == "127.0.0.1:1234" for s in servers)

@@ -1,5 +1,5 @@
 """The trainer's side of the advantages (`trainer/rl/step_advantages.py`) and what it relies on: the batch carries each
-sample's reward (a type computed in the trainer) or its group and reward (a group type with `kl_in_reward`), the
+sample's reward (a type computed in the trainer) or its group and reward (a group type with `reward_kl`), the
 configs that need the orchestrator's advantages are refused with those types, `rl` hands the advantage type to the
 trainer, and a trainer whose advantage settings differ from the orchestrator's is refused in one line."""
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prime_rl.configs.advantage import GrpoAdvantageConfig
+from prime_rl.configs.advantage import GrpoAdvantageConfig, RewardKlConfig
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.batch import Sample, micro_batch, pack_batch
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.trainer.config import CriticConfig, TrainerConfig
-from prime_rl.trainer.rl.step_advantages import check_advantage_type
+from prime_rl.trainer.rl.step_advantages import check_advantage_plan
 from prime_rl.utils.errors import UserError
 
 
@@ -31,7 +31,7 @@ def test_token_level_types_refuse_what_reads_the_orchestrators_advantages():
     for flag in ("filter_zero_advantage", "dynamic_sampling", "normalize_advantages"):
         with pytest.raises(Exception, match=f"computed per token by the trainer: {flag} needs"):
             RLConfig.build([], {"orchestrator": {"advantage": {"type": "gae"}, flag: True}})
-    with pytest.raises(Exception, match="critic is used only by advantage type 'gae'"):
+    with pytest.raises(Exception, match="critic is used only by an advantage type with a critic"):
         RLConfig.build([], {"trainer": {"critic": {}}})
     with pytest.raises(Exception, match="set only \\[orchestrator.advantage\\]"):
         RLConfig.build([], {"trainer": {"advantage": {"type": "gae"}}})
@@ -42,9 +42,9 @@ def test_rl_hands_the_advantage_type_to_the_trainer_and_gae_gets_a_default_criti
     assert config.trainer.advantage.type == "gae" and config.trainer.advantage.lam == 0.9
     assert config.trainer.critic_in_use == CriticConfig()
     # Not group-relative: one rollout per prompt is allowed.
-    rpp = RLConfig.build([], {"orchestrator": {"advantage": {"type": "reinforce_plus_plus", "kl_in_reward": "k3"},
-                                               "rollouts_per_example": 1, "batch_size": 4}})
-    assert rpp.trainer.critic_in_use is None and rpp.trainer.advantage.kl_in_reward == "k3"
+    rpp_k3 = {"type": "reinforce_plus_plus", "reward_kl": {"estimator": "k3"}}
+    rpp = RLConfig.build([], {"orchestrator": {"advantage": rpp_k3, "rollouts_per_example": 1, "batch_size": 4}})
+    assert rpp.trainer.critic_in_use is None and rpp.trainer.advantage.reward_kl.estimator == "k3"
     assert TrainerConfig.build([], {}).critic_in_use is None
 
 
@@ -85,8 +85,9 @@ def test_the_batch_carries_each_segments_group_and_reward_with_shared_prompts_or
 
 
 def test_kl_in_reward_for_a_group_type_refuses_what_needs_the_orchestrators_advantages():
-    grpo = {"type": "grpo", "kl_in_reward": "k3"}
-    assert GrpoAdvantageConfig(kl_in_reward="k3").arguments() == {"std_normalize": True}  # the trainer's fields
+    grpo = {"type": "grpo", "reward_kl": {"estimator": "k3"}}
+    k3 = RewardKlConfig(estimator="k3")
+    assert GrpoAdvantageConfig(reward_kl=k3).arguments() == {"std_normalize": True}  # the trainer's fields
     OrchestratorConfig.build([], {"advantage": grpo, "filter_zero_advantage": True})  # on the task rewards
     with pytest.raises(Exception, match="normalize_advantages needs the orchestrator's"):
         OrchestratorConfig.build([], {"advantage": grpo, "normalize_advantages": True})
@@ -98,12 +99,12 @@ def test_a_trainer_whose_kl_in_reward_differs_from_the_orchestrators_is_refused_
     samples = [Sample([5, 6], [8, 9], [-0.1, -0.2], 0.3, 0, reward=1.0, group=0)]
     folded = pack_batch(samples, 64, 1, 0, SamplingRule(1.0), 8, True, ("sample_groups",), "grpo")[0]
     plain = pack_batch(samples, 64, 1, 0, SamplingRule(1.0), 8, True, (), "grpo")[0]
-    check_advantage_type(folded, GrpoAdvantageConfig(kl_in_reward="k3"))
-    check_advantage_type(plain, GrpoAdvantageConfig())
-    for batch, ours, words in ((folded, GrpoAdvantageConfig(), "the orchestrator runs advantage.kl_in_reward but "
-                                                                "the trainer does not"),
-                               (plain, GrpoAdvantageConfig(kl_in_reward="k1"), "does not run advantage.kl_in_reward "
-                                                                               "but the trainer does")):
+    check_advantage_plan(folded, GrpoAdvantageConfig(reward_kl=RewardKlConfig(estimator="k3")))
+    check_advantage_plan(plain, GrpoAdvantageConfig())
+    for batch, ours, words in (
+            (folded, GrpoAdvantageConfig(), "the orchestrator runs advantage.reward_kl but the trainer does not"),
+            (plain, GrpoAdvantageConfig(reward_kl=RewardKlConfig()),
+             "does not run advantage.reward_kl but the trainer does")):
         with pytest.raises(UserError, match=words) as caught:
-            check_advantage_type(batch, ours)
+            check_advantage_plan(batch, ours)
         assert "\n" not in str(caught.value)

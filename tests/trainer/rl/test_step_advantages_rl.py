@@ -15,7 +15,8 @@ from tests.support.rl_runs import on_policy_rl_process
 pytestmark = [pytest.mark.slow]
 
 GAE = '[orchestrator.advantage]\ntype = "gae"\ngamma = 0.99\nlam = 0.9\n[trainer.critic.optim]\nlr = 1e-3\n'
-RPP = '[orchestrator.advantage]\ntype = "reinforce_plus_plus"\nkl_in_reward = "k3"\nkl_coef = 0.05\n'
+RPP = ('[orchestrator.advantage]\ntype = "reinforce_plus_plus"\n'
+       '[orchestrator.advantage.reward_kl]\nestimator = "k3"\ncoef = 0.05\n')
 
 
 @pytest.mark.parametrize("critic", ["separate", "value_head"])
@@ -42,8 +43,8 @@ def test_token_level_reinforce_plus_plus_folds_the_reference_kl_into_the_reward(
     assert all("value/loss" not in row and row["optim/grad_norm"] > 0 for row in trainer.values())
 
 
-GROUP_KL = ('[orchestrator]\nshare_prompts = false\n[orchestrator.advantage]\ntype = "grpo"\nkl_in_reward = "k3"\n'
-            'kl_coef = 0.05\n[trainer]\nnum_processes = 2\n')
+GROUP_KL = ('[orchestrator]\nshare_prompts = false\n[orchestrator.advantage]\ntype = "grpo"\n'
+            '[orchestrator.advantage.reward_kl]\nestimator = "k3"\ncoef = 0.05\n[trainer]\nnum_processes = 2\n')
 
 
 def test_grpo_with_the_kl_in_the_reward_gathers_groups_split_over_two_ranks(tmp_path):

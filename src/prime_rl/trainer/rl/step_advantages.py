@@ -1,14 +1,16 @@
 """The trainer's side of the advantages (the math: `prime_rl.advantages`), once per step before the update epochs.
 
-The trainer dispatches on where the advantage type is computed (`computed_in`, `configs/advantage.py`):
+The trainer does what the advantage config's `trainer_step` says (`configs/advantage.py`; the whole pipeline from
+reward to the loss's advantage: docs/orchestrator.md#advantages):
 
-- "trainer" (`gae`, `reinforce_plus_plus`): per packed row, r_t from the batch's `rewards` (minus kl_coef * KL_t
-  with `kl_in_reward`, `advantages.kl.token_rewards`), V_t from the critic (`gae`; else 0), then the type's
-  function `fn(TokenRow, **arguments)`, whitened over the step's trained tokens on every rank when the config is
-  `whitened`; the critic's targets are V_old and G = A + V (before whitening).
-- "orchestrator" with `kl_in_reward`: the type's own function of rewards minus each sample's KL sum, over the
-  (group, reward, KL sum) rows of every rank (`advantages.kl.kl_group_advantages`).
-- "orchestrator" otherwise: the batch's advantages as the orchestrator wrote them.
+- "tokens" (a type computed in the trainer: `gae`, `reinforce_plus_plus`): per packed row, r_t from the batch's
+  `rewards` (minus coef * KL_t with `reward_kl`, `advantages.kl.token_rewards`), V_t from the critic (a type that
+  `uses_critic`; else 0), then the type's function `fn(TokenRow, **arguments)`, whitened over the step's trained
+  tokens on every rank when the config is `whitened`; the critic's targets are V_old and G = A + V (before
+  whitening).
+- "groups" (an orchestrator type with `reward_kl`): the type's own function of rewards minus each sample's KL
+  sum, over the (group, reward, KL sum) rows of every rank (`advantages.kl.kl_group_advantages`).
+- None: the batch's advantages as the orchestrator wrote them.
 
 KL_t is the loss's `kl_estimate` (k1/k3) between the sampler's logprobs and the frozen reference model's, on
 trained tokens; the reference logprobs computed here go into the batch for the loss's own KL term.
@@ -33,20 +35,21 @@ from prime_rl.trainer.session import TrainSession
 from prime_rl.utils.errors import PrimeError, UserError
 
 
-def check_advantage_type(batch: RankBatch, advantage: AdvantageConfig) -> None:
-    """The orchestrator's advantage type (in the batch) must be the trainer's when the trainer computes it or
-    recomputes it: else the trainer would train on the orchestrator's zeros, or compute another type's advantages."""
+def check_advantage_plan(batch: RankBatch, advantage: AdvantageConfig) -> None:
+    """The batch must have been written for the trainer's advantage plan: of the same type when the trainer
+    computes or recomputes the advantages (else it would train on the orchestrator's zeros, or compute another
+    type's), and with exactly the optional fields the plan needs (`batch_fields`)."""
     theirs = batch.advantage  # None in files of older versions
     with_rewards = any(mb.rewards is not None or mb.sample_rewards is not None  # the orchestrator left them to us
                        for mb in batch.micro_batches)
-    if theirs != advantage.type and (advantage.computed_in == "trainer" or advantage.group_kl or with_rewards):
+    if theirs != advantage.type and (advantage.trainer_step is not None or with_rewards):
         named = f"type '{theirs}'" if theirs is not None else "an unrecorded type"
         raise UserError(f"step {batch.step}: the orchestrator computed advantages of {named} but the trainer runs "
                         f"'{advantage.type}': give both the same advantage type (rl hands it down)")
-    folded = any(mb.sample_groups is not None for mb in batch.micro_batches)  # a group type's kl_in_reward
-    if advantage.computed_in == "orchestrator" and folded != advantage.group_kl:
+    folded = any(mb.sample_groups is not None for mb in batch.micro_batches)  # written for a "groups" step
+    if advantage.computed_in == "orchestrator" and folded != (advantage.trainer_step == "groups"):
         raise UserError(f"step {batch.step}: the orchestrator {'runs' if folded else 'does not run'} "
-                        f"advantage.kl_in_reward but the trainer {'does not' if folded else 'does'}: give both the "
+                        f"advantage.reward_kl but the trainer {'does not' if folded else 'does'}: give both the "
                         "same advantage settings (rl hands them down)")
 
 
@@ -55,10 +58,10 @@ def step_advantages(session: TrainSession, batch: RankBatch, advantage: Advantag
                     ) -> tuple[RankBatch, ValueTargets | None, dict[str, float]]:
     """The batch the step trains on (module docstring), the critic's targets (a trainer-computed type) and the
     step's advantage metrics."""
-    check_advantage_type(batch, advantage)
-    if advantage.computed_in == "trainer":
+    check_advantage_plan(batch, advantage)
+    if advantage.trainer_step == "tokens":
         return trainer_computed(session, batch, advantage, ref_model, rule)
-    if advantage.group_kl:
+    if advantage.trainer_step == "groups":
         batch, metrics = kl_group_batch(session, batch, advantage, ref_model, rule)
         return batch, None, metrics
     return batch, None, {}
@@ -82,9 +85,9 @@ def kl_group_batch(session: TrainSession, batch: RankBatch, advantage: Advantage
     tables, kls, refs = [], [], []
     for mb in batch.micro_batches:
         if mb.sample_groups is None or mb.sample_rewards is None:
-            raise UserError(f"step {batch.step}: advantage.kl_in_reward needs the batch's sample groups and rewards, "
+            raise UserError(f"step {batch.step}: advantage.reward_kl needs the batch's sample groups and rewards, "
                             "which this batch lacks (the orchestrator must run the same advantage settings)")
-        kl, lref = reference_kl(mb, advantage.kl_in_reward, ref_model, rule)
+        kl, lref = reference_kl(mb, advantage.reward_kl.estimator, ref_model, rule)
         kl_sums = torch.segment_reduce(kl, "sum", lengths=mb.sample_lens)
         tables.append(sample_table(mb.sample_groups, mb.sample_rewards, kl_sums))
         kls.append(kl), refs.append(lref)
@@ -107,7 +110,7 @@ def trainer_computed(session: TrainSession, batch: RankBatch, advantage: Advanta
     """The batch with each micro-batch's advantages replaced by the trainer-computed type's (module docstring),
     V_old and the returns G per micro-batch (the critic's targets), and the step's advantage metrics."""
     function = advantage.function()
-    kind, coef = getattr(advantage, "kl_in_reward", None), getattr(advantage, "kl_coef", 0.0)
+    reward_kl = advantage.reward_kl
     values, returns, rows, masks, kls, refs = [], [], [], [], [], []
     for mb in batch.micro_batches:
         if mb.rewards is None:
@@ -115,15 +118,16 @@ def trainer_computed(session: TrainSession, batch: RankBatch, advantage: Advanta
                             "this batch lacks (the orchestrator must run the same advantage type)")
         mask = mb.loss_mask
         kl = None
-        if kind is not None:
-            kl, lref = reference_kl(mb, kind, ref_model, rule)
+        if reward_kl is not None:
+            kl, lref = reference_kl(mb, reward_kl.estimator, ref_model, rule)
             kls.append(kl)
         if session.critic is not None:
             with torch.no_grad():
                 value = session.critic.values(mb).double().cpu() * mask
         else:
             value = torch.zeros(mb.num_tokens, dtype=torch.float64)
-        a = function(TokenRow(token_rewards(mb.rewards, mask, kl, coef), value, mask, mb.sample_lens))
+        rewards = token_rewards(mb.rewards, mask, kl, reward_kl.coef if reward_kl is not None else 0.0)
+        a = function(TokenRow(rewards, value, mask, mb.sample_lens))
         if not isinstance(a, torch.Tensor) or a.shape != mask.shape:
             got = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
             raise PrimeError(f"advantage type '{advantage.type}' returned {got} for a row of {mb.num_tokens} tokens")

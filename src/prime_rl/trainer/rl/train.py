@@ -3,10 +3,9 @@
     trainer @ trainer.toml [--key value ...]                                   # one process
     torchrun --nproc-per-node K -m prime_rl.trainer.rl.train @ trainer.toml    # K ranks
 
-Step N (0-based) reads `rollouts/step_N/rank_R.pt`; under an advantage type computed in the trainer
-(`reinforce_plus_plus`, `gae`) it first turns the batch's rewards into per-token advantages, under a group type
-with `kl_in_reward` it recomputes the group advantages from rewards minus the KL (`advantage.py`; `gae` with the
-critic's values: `critic.py`, `value_head.py`). It then computes trainer
+Step N (0-based) reads `rollouts/step_N/rank_R.pt` and first does its advantage config's `trainer_step`
+(`step_advantages.py`: per-token advantages of a type computed in the trainer, with a critic's values for one that
+`uses_critic`; a group type's recomputed from rewards minus the KL under `reward_kl`). It then computes trainer
 logprobs under the batch's sampling rule (temperature and truncation), the configured loss over
 all micro-batches with a global `LossScale`, takes `update_epochs` optimizer steps on it (the
 loss metrics logged are the last pass's, so with several passes they show the policy's drift
@@ -136,7 +135,7 @@ def train(config: TrainerConfig) -> None:
     session = TrainSession(config, "trainer", dropout=False)
     loss_fn = build_loss(config.loss)
     ref_model = None
-    if config.loss.kl_coef > 0 or getattr(config.advantage, "kl_in_reward", None) is not None:
+    if config.loss.kl_coef > 0 or config.advantage.reward_kl is not None:
         # Frozen copy of the initial policy (model.name), also when resuming from a checkpoint.
         device = session.dist.device
         ref_model = prepare_model(load_model(config.model, config.runtime, device), config.runtime, device,
