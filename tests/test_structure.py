@@ -200,6 +200,18 @@ def test_nothing_bypasses_a_configs_validation():
     assert not found
 
 
+def test_the_training_session_knows_no_rl():
+    # `TrainSession` is what `sft` and the RL trainer share: the RL loop hands it what only RL has (a critic, the
+    # sampled vocabulary, the transfer group) instead of the session probing its config for them.
+    path = SRC / "trainer" / "session.py"
+    tree = ast.parse(path.read_text())
+    rl = {name for name in imported(tree) if name.startswith(("prime_rl.trainer.rl", "prime_rl.configs.advantage"))
+          or name in ("prime_rl.trainer.value_head",)}
+    probes = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) in
+              ("getattr", "hasattr", "isinstance")]
+    assert not rl and not probes
+
+
 def test_configs_is_a_base_layer():
     upward = {f"{path.relative_to(SRC)} imports {name}"
               for path, tree in modules(SRC / "configs") for name in imported(tree)

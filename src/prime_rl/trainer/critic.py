@@ -1,6 +1,7 @@
-"""The critic of the `gae` advantage type: the value loss both kinds of critic train on, and the separate
-critic, `SeparateCritic` (`critic.type = "separate"`; the other kind, a head on the policy, is
-`value_head.ValueHeadCritic`).
+"""The critic of an advantage type that `uses_critic` (`gae`): the `Critic` protocol both kinds follow, the value
+loss they train on, and the separate critic, `SeparateCritic` (`critic.type = "separate"`; the other kind, a head
+on the policy, is `value_head.ValueHeadCritic`). The RL loop builds the one its config names
+(`trainer/rl/train.build_critic`) and hands it to its `TrainSession`, which checkpoints it with the policy.
 
 V is a separate model: the policy's architecture (from `critic.model`, else the policy's own weights)
 with a one-output token-classification head (`AutoModelForTokenClassification`, num_labels = 1; the
@@ -22,8 +23,10 @@ N the step's trained tokens (all ranks), the critic minimises (PPO's clipped val
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForTokenClassification
 
 from prime_rl.batch_format import MicroBatch
@@ -76,8 +79,43 @@ def value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, ma
     return half_sum / max(count, 1.0), metrics
 
 
+class Critic(Protocol):
+    """A learned value function V_t (module docstring) as the RL loop and the checkpoints use it."""
+
+    config: CriticConfig
+    model: torch.nn.Module
+    """What is checkpointed beside the policy as "critic" (`trainer_ckpt`), with `optimizer` as "critic_optim"."""
+    optimizer: torch.optim.Optimizer
+    joint: bool
+    """Its value loss joins the policy's backward (a value head reads the policy's own final hidden states), so the
+    loop adds `joint_loss` (a `JointCritic`'s) to each micro-batch's policy loss; else it trains in a pass of its
+    own (`train_epoch`)."""
+
+    def values(self, mb: MicroBatch) -> torch.Tensor:
+        """V [T] float32 of a packed row (call under `torch.no_grad()` for V_old)."""
+        ...
+
+    def train_epoch(self, batch: list[MicroBatch], targets: ValueTargets, step: int,
+                    policy_loss: float) -> dict[str, float]:
+        """Collective, once per update epoch after the policy's optimizer step: the critic's own step; returns its
+        `value/*` metrics. `policy_loss`: the epoch's (all-reduced) policy loss (a joint critic's finite check)."""
+        ...
+
+
+class JointCritic(Critic, Protocol):
+    """A critic whose value loss joins the policy's backward (`joint`)."""
+
+    def joint_loss(self, hidden: torch.Tensor, mb: MicroBatch, old: torch.Tensor, target: torch.Tensor,
+                   count: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """c_V times this micro-batch's share of L_V, V read from `hidden` (the policy forward's final hidden
+        states), and its metric pairs (`value_loss`)."""
+        ...
+
+
 class SeparateCritic:
-    """The separate critic: its own model and optimizer (checkpointed with the policy: `ckpt.save_checkpoint`)."""
+    """The separate critic: its own model and optimizer (checkpointed with the policy: `trainer_ckpt`)."""
+
+    joint = False
 
     def __init__(self, config: CriticConfig, policy: ModelConfig, runtime: RuntimeConfig, device: torch.device,
                  seed: int, vocab_size: int):
@@ -100,9 +138,10 @@ class SeparateCritic:
         rows = on_model_device(self.model, [(mb.input_ids, mb.position_ids, mb.sample_lens)])
         return from_previous_position(forward_rows_logits(self.model, rows)[0][:, 0], mb.sample_lens)
 
-    def train_epoch(self, batch: list[MicroBatch], targets: ValueTargets, world_size: int,
-                    step: int) -> dict[str, float]:
+    def train_epoch(self, batch: list[MicroBatch], targets: ValueTargets, step: int,
+                    policy_loss: float) -> dict[str, float]:
         """One pass of the clipped value loss over this rank's micro-batches and one AdamW step."""
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
         pairs = []
         for mb, old, target in zip(batch, targets.old_values, targets.returns, strict=True):
             loss, metrics = value_loss(self.values(mb), old, target, mb.loss_mask, targets.count,

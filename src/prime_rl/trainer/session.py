@@ -1,5 +1,6 @@
 """What `trainer` and `sft` share: process group, model, optimizer, scheduler, resume,
-the optimizer step with its NaN guard, weight writing, checkpoints and metrics.
+the optimizer step with its NaN guard, weight writing, checkpoints and metrics. It knows no RL: what only the RL
+trainer has (the sampled vocabulary, a weight-transfer group, a critic) it is given by its caller.
 
 A training step of either entrypoint is: forward/backward every micro-batch (each loss
 already normalised over the whole step, so gradients accumulate to the step's gradient),
@@ -10,23 +11,25 @@ the lr schedule, then `after_step` (weights, checkpoint, metrics).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.models.vocabulary import tokenizer_vocab
 from prime_rl.monitor import Monitor
 from prime_rl.run_dir import log_file, resolve_resume_step, weights_dir
 from prime_rl.trainer import trainer_ckpt as ckpt_io
 from prime_rl.trainer.config import ModelInitConfig, TrainingConfig
-from prime_rl.trainer.critic import SeparateCritic
+from prime_rl.trainer.critic import Critic
 from prime_rl.trainer.dist import all_reduce_sum, init_distributed
 from prime_rl.trainer.lora import LoRAWeights, apply_lora, base_fingerprint, checkpoint_identity
 from prime_rl.trainer.model import load_model, load_tokenizer, prepare_model
 from prime_rl.trainer.optim import build_optimizer, build_scheduler, checked_step
 from prime_rl.trainer.perf import flops_per_token, num_parameters, throughput_metrics
 from prime_rl.trainer.publish_weights import send_weights, write_weights
-from prime_rl.trainer.value_head import ValueHeadCritic
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import setup_logging
 from prime_rl.weight_transfer import open_group
@@ -35,18 +38,21 @@ from prime_rl.weight_transfer import open_group
 class TrainSession:
     """Owns the distributed model, its optimizer and scheduler for one `trainer` / `sft` run.
 
-    `config` is a `TrainerConfig` or an `SFTConfig` (their shared part is `TrainingConfig`).
+    `config` is the shared part of a `TrainerConfig` or an `SFTConfig` (`TrainingConfig`).
     `start_step` is the number of optimizer steps already done (from a resumed checkpoint).
     `dropout`: whether the model's dropout layers (LoRA's included) are active in training forwards
     (`sft`: yes; the RL trainer: no, its logprobs must be the sampling policy's, docs/trainer.md#lora).
     With `config.lora` the model is the base with peft's LoRA layers injected; only the adapters train.
-    With a critic in use (`TrainerConfig.critic_in_use`: the RL trainer under advantage type "gae") it also owns
-    the critic, checkpointed with the policy: a `SeparateCritic` (`trainer/critic.py`) or a `ValueHeadCritic` on
-    the policy (`trainer/value_head.py`).
+    `sampled_vocab`: the ids the inference server samples ("tokenizer": the tokenizer's; "model": every row of the
+    output embedding; `models.vocabulary`). `transfer`: how weights reach the servers (none: files only).
+    `critic`: builds the critic from this session once the policy exists (`critic.Critic`); the session then
+    owns it, checkpoints it with the policy and restores it on resume.
     """
 
     def __init__(self, config: TrainingConfig, source: str, init: ModelInitConfig | None = None, *,
-                 dropout: bool):
+                 dropout: bool, sampled_vocab: Literal["tokenizer", "model"] = "tokenizer",
+                 transfer: WeightTransferConfig | None = None,
+                 critic: Callable[[TrainSession], Critic] | None = None):
         self.config = config
         self.source = source
         self.dist = init_distributed()
@@ -60,9 +66,7 @@ class TrainSession:
         random.seed(config.seed + self.dist.rank)
 
         self.tokenizer = load_tokenizer(config.model, init)
-        # The ids the server samples (`models.vocabulary`); the SFT config has no server: the tokenizer's.
-        by_tokenizer = getattr(config, "sampled_vocab", "tokenizer") == "tokenizer"
-        self.sampled_vocab = tokenizer_vocab(self.tokenizer) if by_tokenizer else None
+        self.sampled_vocab = tokenizer_vocab(self.tokenizer) if sampled_vocab == "tokenizer" else None
         net = load_model(config.model, config.runtime, self.dist.device, init, self.tokenizer, seed=config.seed)
         self.lora = None
         if config.lora is not None:
@@ -75,18 +79,11 @@ class TrainSession:
         self.identity = checkpoint_identity(config.lora, fingerprint)  # what the checkpoints trained
         self.optimizer = build_optimizer(self.model, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.scheduler, config.max_steps)
-        critic = getattr(config, "critic_in_use", None)  # the RL trainer's critic (advantage type "gae")
-        self.critic: SeparateCritic | ValueHeadCritic | None = None
-        if critic is not None and critic.type == "value_head":
-            self.critic = ValueHeadCritic(critic, self.model, self.dist.device, config.seed)
-        elif critic is not None:
-            self.critic = SeparateCritic(critic, config.model, config.runtime, self.dist.device, config.seed,
-                                         self.model_config.vocab_size)
-        if critic is not None:
-            self.identity["critic"] = critic.type  # a resume must keep the kind of critic
+        self.critic = critic(self) if critic is not None else None
+        if self.critic is not None:
+            self.identity["critic"] = self.critic.config.type  # a resume must keep the kind of critic
 
         # weight_transfer.mode = "distributed": rank 0 joins the servers' group now (they join at their start).
-        transfer = getattr(config, "weight_transfer", None)
         self.transfer_group = None
         if transfer is not None and transfer.mode == "distributed" and self.dist.is_main:
             if transfer.address is None:

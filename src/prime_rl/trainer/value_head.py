@@ -34,13 +34,16 @@ import torch.nn as nn
 
 from prime_rl.batch_format import MicroBatch
 from prime_rl.trainer.config import CriticConfig
+from prime_rl.trainer.critic import ValueTargets, value_loss
 from prime_rl.trainer.model import forward_hidden, from_previous_position, on_model_device
 from prime_rl.trainer.optim import build_optimizer, checked_step
 
 
 class ValueHeadCritic:
-    """The value-head critic: the head (`model`, an `nn.Linear(hidden_size, 1)`), its AdamW (`optimizer`) and the
-    policy it reads."""
+    """The value-head critic (a `critic.JointCritic`): the head (`model`, an `nn.Linear(hidden_size, 1)`), its AdamW
+    (`optimizer`) and the policy it reads."""
+
+    joint = True
 
     def __init__(self, config: CriticConfig, policy: nn.Module, device: torch.device, seed: int):
         self.config = config
@@ -58,11 +61,23 @@ class ValueHeadCritic:
         """V [T] float32 of a packed row from its final hidden states [T, H] (module docstring)."""
         return from_previous_position(self.model(hidden.float())[:, 0], sample_lens)
 
+    def joint_loss(self, hidden: torch.Tensor, mb: MicroBatch, old: torch.Tensor, target: torch.Tensor,
+                   count: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """c_V * L_V's share of one micro-batch from the policy forward's `hidden` states (module docstring)."""
+        share, pairs = value_loss(self.values_of(hidden, mb.sample_lens), old, target, mb.loss_mask, count,
+                                  self.config.value_clip)
+        return self.coef * share, pairs
+
     def values(self, mb: MicroBatch) -> torch.Tensor:
         """V [T] of a packed row: a forward of the policy and the head (call under `torch.no_grad()` for V_old)."""
         rows = on_model_device(self.policy, [(mb.input_ids, mb.position_ids, mb.sample_lens)])
         (hidden,) = forward_hidden(self.policy, rows)
         return self.values_of(hidden, mb.sample_lens)
+
+    def train_epoch(self, batch: list[MicroBatch], targets: ValueTargets, step: int,
+                    policy_loss: float) -> dict[str, float]:
+        """The head's step after the epoch's joint backward (its loss was in it): `value/grad_norm`."""
+        return {"value/grad_norm": self.step(step, policy_loss)}
 
     def step(self, step: int, loss_value: float) -> float:
         """Collective, after the update epoch's joint backward: sum the head's gradient over ranks, divide it by

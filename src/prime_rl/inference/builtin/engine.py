@@ -2,34 +2,20 @@
 
 One background thread owns the model. Every loop iteration it
 
-1. admits waiting requests (up to `max_batch_size` sequences in all; `_admit`, fair between
-   callers: see below): their prompts are prefilled together (left-padded), each admitted
+1. admits waiting requests (up to `max_batch_size` sequences in all; `scheduler.py`, fair between
+   callers): their prompts are prefilled together (left-padded), each admitted
    request's prompt once however many of its choices (`n`) start; that row's cache is copied to
    each of its sequences, and each sequence samples its first token from the row's logits with
    its own generator (choice i of a request seeded s samples what a lone request seeded s + i
    does); a request with `prompt_logprobs` also gets every prompt token's logprob from the same
    prefill's logits (`_score_prompt`: the teacher's scoring call, docs/inference.md);
-2. merges the new sequences' KV cache into the running batch (left-padding the shorter
-   cache, so every row ends at the same cache position);
+2. merges the new sequences' KV cache into the running batch (`kv_cache.BatchCache`, which owns
+   the cache, its padding and its positions, so a row computes what it would compute alone);
 3. runs one decode step for every running sequence and drops the finished ones.
 
 So a request that arrives while others decode joins at the very next decode step; it
 never waits for the running batch to finish (only for a free slot when the batch is
-full). Padding positions are masked out through the attention mask, and position ids
-count only each row's real tokens, so a row computes what it would compute alone.
-
-Fair admission: every request has an owner (`submit(owner=...)`; the server gives each HTTP
-request its own, so the prompts of one batched request share one). Each free slot goes to the
-owner with the fewest running sequences (ties: the oldest waiting request), and a request's
-choices start a quarter of the batch at a time (`PART`): an owner waits until a quarter of the
-batch (or all it has left) is free, except one running nothing while another runs more than a
-quarter of the batch, which starts at the first free slot. So
-however many choices one request asks for (64 prompts x n = 1024), another request's first
-choice starts as soon as one running sequence finishes (at most that sequence's remaining
-max_tokens decode steps), and its further choices take every other freed slot while it runs
-fewer sequences than that request (docs/inference.md measures it). Fairness is between requests:
-a caller that sends many requests at once (the orchestrator: one per group) is many owners, and
-a request arriving behind them waits its turn among them, oldest first, as before.
+full).
 
 A request that fails on its own (its generator cannot be made, its sampling raises or
 gives a non-finite logprob) fails alone; its rows leave the batch and the others go on.
@@ -48,19 +34,17 @@ caller's choice (`gate.py`).
 
 from __future__ import annotations
 
-import itertools
-import queue
 import threading
-from collections import Counter, deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from prime_rl.inference.adapter_check import verify_adapter_dir
+from prime_rl.inference.builtin.kv_cache import BatchCache, left_padded, position_ids, shared_prefixes, take_rows
 from prime_rl.inference.builtin.merge import BaseWeights, Staged
+from prime_rl.inference.builtin.scheduler import Request, SamplingParams, Scheduler, Seq, fail_rows
 from prime_rl.inference.protocol import Completion, context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.inference.weight_check import Reference, verify_tensors, verify_weight_dir
@@ -72,52 +56,10 @@ from prime_rl.models.vocabulary import tokenizer_vocab
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 
+# What the server, the tests and the benchmarks import from here (some defined in `scheduler.py` and `kv_cache.py`).
+__all__ = ["Completion", "Engine", "SamplingParams", "load_model", "pick_device", "shared_prefixes"]
+
 log = get_logger("inference")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    prompt_logprobs: bool = False  # also score the prompt (`_score_prompt`)
-
-    @property
-    def rule(self) -> SamplingRule:
-        """The distribution this request samples from (rows with the same rule sample in one call)."""
-        return SamplingRule(self.temperature, self.top_k, self.top_p, self.min_p)
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    n: int
-    future: Future
-    owner: object = None  # who asked (`_admit` shares slots fairly between owners)
-    arrival: int = 0  # order of submission
-    results: list[Completion | None] = field(default_factory=list)
-    prompt_logprobs: list[tuple[float, int]] | None = None
-    started: int = 0  # choices admitted so far (a request larger than the batch starts in parts)
-
-    def __post_init__(self):
-        self.results = [None] * self.n
-
-
-@dataclass
-class _Seq:
-    request: _Request
-    index: int
-    generator: torch.Generator
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    weight_steps: list[int] = field(default_factory=list)
-    text_len: int = 0  # characters of text already searched for stop strings
-    failed: bool = False  # its request failed: the row is dropped at the next retire
 
 
 def pick_device(device: str) -> torch.device:
@@ -163,17 +105,14 @@ class Engine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.max_batch_size = max_batch_size
         self._seeds = torch.Generator().manual_seed(seed)
-        self._queue: queue.Queue[_Request] = queue.Queue()
-        self._waiting: dict[object, deque[_Request]] = {}  # per owner, in arrival order (the loop's own)
-        self._arrivals = itertools.count()
+        self._scheduler = Scheduler(max_batch_size)  # the waiting requests and who starts next
         self._lock = threading.Lock()  # held while the model runs; apply_weights takes it
         self._turn = threading.Lock()  # held by an apply_weights waiting for `_lock`: the loop lets it go first
         self.weight_step = 0  # the step of the weights in the model; every sampled token records it
         self._stop = threading.Event()
         # The running batch: one row per sequence.
-        self._seqs: list[_Seq] = []
-        self._cache: DynamicCache | None = None
-        self._mask: torch.Tensor | None = None  # [B, cache_len] 1 = real token
+        self._seqs: list[Seq] = []
+        self._batch = BatchCache()  # its KV cache and attention mask
         self._next: torch.Tensor | None = None  # [B] sampled, not yet fed
         self._thread = threading.Thread(target=self._loop, name="builtin-engine", daemon=True)
         self._thread.start()
@@ -196,16 +135,13 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, owner: object = None) -> Future:
         """Queue `n` completions of `prompt_ids`; the future resolves to a list of `Completion`. Requests of one
-        `owner` share its fair part of the batch (module docstring); None: this request is an owner of its own."""
+        `owner` share its fair part of the batch (`scheduler.py`); None: this request is an owner of its own."""
         if not prompt_ids:
             raise UserError("the prompt is empty")
         overflow = context_overflow(len(prompt_ids), params.max_tokens, self.context_len)
         if overflow:
             raise UserError(overflow)
-        future: Future = Future()
-        arrival = next(self._arrivals)
-        self._queue.put(_Request(list(prompt_ids), params, n, future, arrival if owner is None else owner, arrival))
-        return future
+        return self._scheduler.submit(list(prompt_ids), params, n, owner)
 
     def stage_weights(self, source: WeightDir | str) -> Staged:
         """Read and check the weights of `source` (see `weight_check`; a LoRA adapter: `adapter_check`): an
@@ -274,9 +210,9 @@ class Engine:
         while not self._stop.is_set():
             with self._turn:  # a waiting apply_weights takes `_lock` before the next iteration does
                 pass
-            new: list[tuple[_Request, int, int]] = []
+            new: list[tuple[Request, int, int]] = []
             try:
-                new = self._admit()
+                new = self._scheduler.admit(seq.request.owner for seq in self._seqs)
                 with self._lock:
                     if new:
                         self._prefill(new)
@@ -286,51 +222,7 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail_all(exc, [request for request, _, _ in new])
 
-    def _admit(self) -> list[tuple[_Request, int, int]]:
-        """(request, its first choice to start now, how many) for the free slots (module docstring: fair
-        between owners); blocks briefly when idle."""
-        self._receive(block=not self._seqs and not self._waiting)
-        running = Counter(seq.request.owner for seq in self._seqs)
-        free = self.max_batch_size - len(self._seqs)
-        parts: dict[int, tuple[_Request, int, int]] = {}  # by id(request): one part per request per round
-        while self._waiting:
-            owner = min(self._waiting, key=lambda o: (running[o], self._waiting[o][0].arrival))
-            line = self._waiting[owner]
-            request = line[0]
-            left = request.n - request.started
-            if request.future.done():  # failed while an earlier part ran: the rest never starts
-                count = left
-            else:
-                # A quantum at a time, so free slots alternate between waiting owners; an owner waits for a whole
-                # quantum (or all it has left: each admission is a prefill forward and a cache merge), except one
-                # running nothing while another runs more than a quantum: that one starts at the first free slot.
-                quantum = max(1, self.max_batch_size // PART)
-                count = min(left, free, quantum)
-                crowded_out = not running[owner] and max(running.values(), default=0) > quantum
-                if count == 0 or (count < min(left, quantum) and not crowded_out):
-                    break
-                first, already = parts.get(id(request), (request, request.started, 0))[1:]
-                parts[id(request)] = (request, first, already + count)
-                running[owner] += count
-                free -= count
-            request.started += count
-            if request.started == request.n:
-                line.popleft()
-                if not line:
-                    del self._waiting[owner]
-        return list(parts.values())
-
-    def _receive(self, block: bool) -> None:
-        """Move submitted requests into their owners' lines (waiting up to 50 ms for one when `block`)."""
-        try:
-            request = self._queue.get(timeout=0.05) if block else self._queue.get_nowait()
-            while True:
-                self._waiting.setdefault(request.owner, deque()).append(request)
-                request = self._queue.get_nowait()
-        except queue.Empty:
-            return
-
-    def _start(self, request: _Request, first: int, count: int) -> list[_Seq]:
+    def _start(self, request: Request, first: int, count: int) -> list[Seq]:
         """Sequences `first` .. `first + count - 1` of one request, each with its own generator (choice i:
         seed + i)."""
         seqs = []
@@ -338,14 +230,14 @@ class Engine:
             seed = request.params.seed + i if request.params.seed is not None else None
             if seed is None:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            seqs.append(_Seq(request, i, torch.Generator().manual_seed(seed)))
+            seqs.append(Seq(request, i, torch.Generator().manual_seed(seed)))
         return seqs
 
-    def _prefill(self, parts: list[tuple[_Request, int, int]]) -> None:
+    def _prefill(self, parts: list[tuple[Request, int, int]]) -> None:
         """Prefill each admitted request's prompt once (one left-padded row per request), then give each of its
-        sequences starting now (`_admit`'s parts) a copy of that row's cache and sample its first token from the
-        row's logits. A prompt is scored (`prompt_logprobs`) with its request's first part."""
-        started: list[tuple[_Request, list[_Seq]]] = []
+        sequences starting now (`Scheduler.admit`'s parts) a copy of that row's cache and sample its first token
+        from the row's logits. A prompt is scored (`prompt_logprobs`) with its request's first part."""
+        started: list[tuple[Request, list[Seq]]] = []
         for request, first, count in parts:
             try:
                 started.append((request, self._start(request, first, count)))
@@ -366,22 +258,22 @@ class Engine:
                     self._score_prompt(request, seqs, states[row, states.shape[1] - len(request.prompt_ids):])
             states = states[:, -1]
         rows = torch.repeat_interleave(torch.tensor([len(seqs) for _, seqs in started]))  # request r's row, n times
-        _take(cache, rows)
+        take_rows(cache, rows)
         seqs = [seq for _, request_seqs in started for seq in request_seqs]
         next_tokens = self._sample(seqs, self._logits(states)[rows])
         self._merge(seqs, cache, mask[rows], next_tokens)
         self._retire()
 
-    def _prefill_rows(self, requests: list[_Request]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+    def _prefill_rows(self, requests: list[Request]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
         """One left-padded forward of the prompts: states (`_forward`: [R, D] of the last position, or [R, S, D]
         of every position when some request scores its prompt), the cache and its mask [R, S]."""
         width = max(len(request.prompt_ids) for request in requests)
-        ids, mask = _left_padded([request.prompt_ids for request in requests], width, self.pad_id)
+        ids, mask = left_padded([request.prompt_ids for request in requests], width, self.pad_id)
         cache = DynamicCache()
         scoring = any(request.params.prompt_logprobs for request in requests)
         return self._forward(ids, mask, cache, all_positions=scoring), cache, mask
 
-    def _prefill_shared(self, requests: list[_Request], group: list[int], shared: list[int]
+    def _prefill_shared(self, requests: list[Request], group: list[int], shared: list[int]
                         ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
         """`_prefill_rows` in two forwards when scoring requests share prefixes (the samples of one prompt: the
         teacher's batch): first each group's shared prefix once (request r: group[r], its first shared[r]
@@ -395,16 +287,16 @@ class Engine:
             if g >= 0:
                 prefixes[g] = request.prompt_ids[:length]
         prefix_width = max(map(len, prefixes))
-        ids, prefix_mask = _left_padded(prefixes, prefix_width, self.pad_id)
+        ids, prefix_mask = left_padded(prefixes, prefix_width, self.pad_id)
         cache = DynamicCache()
         prefix_logits = self._forward(ids, prefix_mask, cache, all_positions=True)  # [G, P, D]
         rows = torch.tensor([max(g, 0) for g in group])
-        _take(cache, rows)  # each request's copy of its group's prefix (group -1: a row masked out below)
+        take_rows(cache, rows)  # each request's copy of its group's prefix (group -1: a row masked out below)
         prefix_mask = prefix_mask[rows]
         prefix_mask[torch.tensor(group) < 0] = 0
         rests = [request.prompt_ids[length:] for request, length in zip(requests, shared, strict=True)]
         width = max(map(len, rests))
-        ids, rest_mask = _left_padded(rests, width, self.pad_id)
+        ids, rest_mask = left_padded(rests, width, self.pad_id)
         mask = torch.cat([prefix_mask, rest_mask], dim=1)
         rest_logits = self._forward(ids, mask, cache, all_positions=True)  # [R, W, D]
         full = max(len(request.prompt_ids) for request in requests)
@@ -417,13 +309,11 @@ class Engine:
         return logits, cache, mask
 
     def _decode(self) -> None:
-        ones = torch.ones((len(self._seqs), 1), dtype=torch.long)
-        self._mask = torch.cat([self._mask, ones], dim=1)
-        states = self._forward(self._next[:, None], self._mask, self._cache)
+        states = self._forward(self._next[:, None], self._batch.extend(), self._batch.cache)
         self._next = self._sample(self._seqs, self._logits(states))
         self._retire()
 
-    def _score_prompt(self, request: _Request, seqs: list[_Seq], states: torch.Tensor) -> None:
+    def _score_prompt(self, request: Request, seqs: list[Seq], states: torch.Tensor) -> None:
         """(logprob, rank) of prompt token i >= 1 from the prefill's states [L, D] of its row, under the
         request's temperature without truncation: log_softmax(z_{i-1} / T)[prompt_i] (T = 0: untempered), over
         the sampled vocabulary. Logits are made `PROMPT_CHUNK_LOGITS` at a time, never [L, V] at once. A prompt
@@ -434,8 +324,8 @@ class Engine:
         targets = torch.tensor(request.prompt_ids[1:], dtype=torch.long)[:, None]
         top = max(request.prompt_ids[1:], default=0)
         if top >= self.vocab:
-            self._fail_rows(seqs, ValueError(f"prompt token id {top} is past the vocabulary ({self.vocab} ids) and "
-                                             "has no logprob"))
+            fail_rows(seqs, ValueError(f"prompt token id {top} is past the vocabulary ({self.vocab} ids) and "
+                                       "has no logprob"))
             return
         chunk = max(1, PROMPT_CHUNK_LOGITS // self.vocab)
         states = states[:-1]  # position i - 1 predicts token i
@@ -447,7 +337,7 @@ class Engine:
             ranks.append((logprobs > picked).sum(dim=1) + 1)
         chosen_all = torch.cat(chosen)
         if not torch.isfinite(chosen_all).all():
-            self._fail_rows(seqs, FloatingPointError("the model gave a prompt token a non-finite logprob"))
+            fail_rows(seqs, FloatingPointError("the model gave a prompt token a non-finite logprob"))
             return
         request.prompt_logprobs = list(zip(chosen_all.tolist(), torch.cat(ranks).tolist(), strict=True))
 
@@ -456,10 +346,9 @@ class Engine:
                  all_positions: bool = False) -> torch.Tensor:
         """States [B, D] of the last position ([B, S, D] of every input position with `all_positions`), on the
         model's device, that `_logits` turns into logits: the final hidden states (D = hidden size) when the
-        model's logits are its head's output (`utils.lm_head`), else the logits themselves; `mask` covers
+        model's logits are its head's output (`models.output_head`), else the logits themselves; `mask` covers
         cache + input."""
-        # Real tokens count from 0 in every row; padding gets position 0 (it is masked anyway).
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+        positions = position_ids(mask, input_ids.shape[1])
         inputs = dict(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                       position_ids=positions.to(self.device), past_key_values=cache, use_cache=True)
         if not self._states_are_hidden:
@@ -476,7 +365,7 @@ class Engine:
             states = self.model.get_output_embeddings()(states)
         return states[..., :self.vocab].float().cpu()
 
-    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
+    def _sample(self, seqs: list[Seq], logits: torch.Tensor) -> torch.Tensor:
         """Sample the next token of every row; rows with the same sampling parameters in one batched call."""
         groups: dict[SamplingRule, list[int]] = {}
         for row, seq in enumerate(seqs):
@@ -493,7 +382,7 @@ class Engine:
                 if not torch.isfinite(group_logprobs).all():
                     raise FloatingPointError("the model produced non-finite logprobs")
             except Exception as exc:  # fails the requests of this group only; the others go on
-                self._fail_rows([seqs[row] for row in rows], exc)
+                fail_rows([seqs[row] for row in rows], exc)
                 group_tokens, group_logprobs = torch.full((len(rows),), self.pad_id), torch.zeros(len(rows))
             tokens[index] = group_tokens
             chosen[index] = group_logprobs
@@ -503,148 +392,35 @@ class Engine:
             seq.weight_steps.append(self.weight_step)
         return tokens
 
-    def _merge(self, seqs: list[_Seq], cache: DynamicCache, mask: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def _merge(self, seqs: list[Seq], cache: DynamicCache, mask: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Append new rows (their cache, mask and pending tokens) to the running batch."""
-        if not self._seqs:
-            self._seqs, self._cache, self._mask, self._next = seqs, cache, mask, next_tokens
-            return
-        width = max(self._mask.shape[1], mask.shape[1])
-        for old, new in zip(self._cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, width, 2), _left_pad(new.keys, width, 2)])
-            old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(new.values, width, 2)])
-        self._mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)])
-        self._next = torch.cat([self._next, next_tokens])
+        self._batch.add(cache, mask)
+        self._next = torch.cat([self._next, next_tokens]) if self._seqs else next_tokens
         self._seqs = self._seqs + seqs
 
     def _retire(self) -> None:
         """Finish sequences that hit EOS, a stop string or their length; shrink the batch."""
         keep = []
         for row, seq in enumerate(self._seqs):
-            if seq.failed:  # its request already failed (`_fail_rows`): the row just leaves
+            if seq.failed:  # its request already failed (`fail_rows`): the row just leaves
                 continue
-            done = self._finished(seq)
+            done = seq.finished(self.tokenizer, self.eos_ids)
             if done is None:
                 keep.append(row)
             else:
-                self._complete(seq, *done)
+                seq.complete(*done)
         if len(keep) == len(self._seqs):
             return
-        if not keep:
-            self._seqs, self._cache, self._mask, self._next = [], None, None, None
-            return
-        index = torch.tensor(keep)
+        self._batch.keep(keep)
         self._seqs = [self._seqs[i] for i in keep]
-        self._mask, self._next = self._mask[index], self._next[index]
-        # Drop cache columns that are padding in every remaining row.
-        start = int(self._mask.any(dim=0).nonzero()[0])
-        self._mask = self._mask[:, start:]
-        _take(self._cache, index, start)
+        self._next = self._next[torch.tensor(keep)] if keep else None
 
-    def _finished(self, seq: _Seq) -> tuple[str, str] | None:
-        """(finish_reason, text) when `seq` is done, else None."""
-        p = seq.request.params
-        if p.stop:  # decode every step only when there are stop strings to look for
-            text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
-            for stop in p.stop:
-                # Only the newest token can have completed a stop string: search from just before it.
-                at = text.find(stop, max(0, seq.text_len - len(stop) + 1))
-                if at >= 0:
-                    return "stop", text[:at]
-            seq.text_len = len(text)
-        if seq.token_ids[-1] in self.eos_ids:
-            return "stop", self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
-        if len(seq.token_ids) >= p.max_tokens:
-            return "length", self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
-        return None
-
-    def _complete(self, seq: _Seq, reason: str, text: str) -> None:
-        request = seq.request
-        request.results[seq.index] = Completion(seq.token_ids, seq.logprobs, text, reason, seq.weight_steps,
-                                                request.prompt_logprobs)
-        if all(r is not None for r in request.results) and not request.future.done():
-            request.future.set_result(list(request.results))
-
-    def _fail_rows(self, seqs: list[_Seq], exc: Exception) -> None:
-        """Fail the requests of these rows alone (their rows leave the batch at the next retire)."""
-        log.warning(f"{len(seqs)} sequence(s) failed while sampling: {type(exc).__name__}: {exc}")
-        for seq in seqs:
-            seq.failed = True
-            if not seq.request.future.done():
-                seq.request.future.set_exception(exc)
-
-    def _fail_all(self, exc: Exception, admitted: list[_Request]) -> None:
+    def _fail_all(self, exc: Exception, admitted: list[Request]) -> None:
         for request in [seq.request for seq in self._seqs] + admitted:
             if not request.future.done():
                 request.future.set_exception(exc)
-        self._seqs, self._cache, self._mask, self._next = [], None, None, None
+        self._seqs, self._next = [], None
+        self._batch.reset()
 
 
-PART = 4  # admission gives an owner max_batch_size / PART slots at a time (`_admit`)
 PROMPT_CHUNK_LOGITS = 2**24  # logits made at once when scoring a prompt: 64 MB of float32
-SHARE_MIN_SAVING = 0.25  # two prefill forwards only when sharing prefixes saves at least this share of the tokens
-
-
-def shared_prefixes(prompts: list[list[int] | None]) -> tuple[list[int], list[int]] | None:
-    """Groups of prompts that share a prefix, for one prefill (`Engine._prefill_shared`): per prompt its group
-    (-1: none) and how many of its first tokens the group shares (always fewer than its length), or None when
-    sharing would not save `SHARE_MIN_SAVING` of the tokens. A None prompt takes no part.
-
-    Sorted, prompts with a common prefix are neighbours, and a group's shared prefix is the least common prefix
-    of neighbouring members; a prompt joins the group before it when that keeps the tokens saved, (members - 1)
-    * shared, from falling (so the 8 samples of one prompt group on the prompt, not with every sample on the
-    chat template's first tokens)."""
-    order = sorted((i for i, p in enumerate(prompts) if p is not None), key=lambda i: prompts[i])
-    runs: list[tuple[list[int], int]] = []  # (members, shared length)
-    for i in order:
-        prompt = prompts[i]
-        if runs:
-            members, length = runs[-1]
-            common = min(length, _common_prefix(prompts[members[-1]], prompt), len(prompt) - 1)
-            if common > 0 and len(members) * common >= (len(members) - 1) * length:
-                runs[-1] = (members + [i], common)
-                continue
-        runs.append(([i], len(prompt) - 1))
-    group, shared = [-1] * len(prompts), [0] * len(prompts)
-    saved = 0
-    for g, (members, length) in enumerate(run for run in runs if len(run[0]) > 1 and run[1] > 0):
-        for i in members:
-            group[i], shared[i] = g, length
-        saved += (len(members) - 1) * length
-    total = sum(len(p) for p in prompts if p is not None)
-    return (group, shared) if total and saved >= SHARE_MIN_SAVING * total else None
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _left_padded(prompts: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids [R, width] and mask [R, width] (1 = real token) of prompts aligned to the right."""
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if prompt:
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-    return ids, mask
-
-
-def _take(cache: DynamicCache, rows: torch.Tensor, start: int = 0) -> None:
-    """Keep the cache rows `rows` (in that order; a row may repeat) and its positions from `start` on."""
-    index = rows.to(cache.layers[0].keys.device)
-    for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[index, :, start:], layer.values[index, :, start:]
-
-
-def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)

@@ -15,6 +15,7 @@ writes `weights/step_{N+1}/`.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import replace
 
@@ -24,7 +25,7 @@ from prime_rl.batch_format import MicroBatch, RankBatch
 from prime_rl.configs.cli import run_main
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.trainer.config import TrainerConfig
-from prime_rl.trainer.critic import ValueTargets, value_loss
+from prime_rl.trainer.critic import Critic, SeparateCritic, ValueTargets
 from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum, destroy
 from prime_rl.trainer.model import compute_logprobs, compute_logprobs_and_hidden, load_model, prepare_model
 from prime_rl.trainer.rl.losses import (
@@ -40,6 +41,15 @@ from prime_rl.trainer.rl.rollout_batches import wait_for_batch
 from prime_rl.trainer.rl.step_advantages import step_advantages
 from prime_rl.trainer.session import TrainSession
 from prime_rl.trainer.value_head import ValueHeadCritic
+
+
+def build_critic(config: TrainerConfig, session: TrainSession) -> Critic:
+    """The critic `critic_in_use` names, on the session's policy: a value head on it, or a separate model."""
+    critic = config.critic_in_use
+    if critic.type == "value_head":
+        return ValueHeadCritic(critic, session.model, session.dist.device, config.seed)
+    return SeparateCritic(critic, config.model, config.runtime, session.dist.device, config.seed,
+                          session.model_config.vocab_size)
 
 
 def step_scale(batch: RankBatch, device: torch.device) -> LossScale:
@@ -80,8 +90,8 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
     Tokens are scored under the batch's sampling rule (temperature, and its truncation when
     `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
-    With a value head (`session.critic` a `ValueHeadCritic`; `targets`: V_old and G) each micro-batch's loss is the
-    joint L_policy + c_V * L_V, V read from the same forward's final hidden states (`value_head.py`).
+    With a joint critic (`session.critic.joint`: a value head; `targets`: V_old and G) each micro-batch's loss is
+    the joint L_policy + c_V * L_V, V read from the same forward's final hidden states (`value_head.py`).
     """
     rule = scoring_rule(batch, match_truncation, session.sampled_vocab)
     if loss_fn.needs_log_ratio_moments:
@@ -91,7 +101,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
                 lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
                 moments += log_ratio_moments(loss_inputs(mb, lp, None, None))
         scale = scale.with_log_ratio_moments(all_reduce_sum(moments.tolist(), session.dist.device))
-    head = session.critic if isinstance(session.critic, ValueHeadCritic) else None
+    head = session.critic if session.critic is not None and session.critic.joint else None
     loss_sum, policy_sum = 0.0, 0.0
     pairs: list[dict[str, torch.Tensor]] = []
     for i, mb in enumerate(batch.micro_batches):
@@ -108,10 +118,9 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
         loss = out.loss
         pairs.append(out.metrics)
         if head is not None:
-            value_share, value_pairs = value_loss(head.values_of(hidden, mb.sample_lens), targets.old_values[i],
-                                                  targets.returns[i], mb.loss_mask, targets.count,
-                                                  head.config.value_clip)
-            loss = loss + head.coef * value_share
+            value_share, value_pairs = head.joint_loss(hidden, mb, targets.old_values[i], targets.returns[i],
+                                                       targets.count)
+            loss = loss + value_share
             pairs.append(value_pairs)
         session.backward(loss)
         loss_sum += float(loss.detach())
@@ -132,7 +141,9 @@ def scoring_rule(batch: RankBatch, match_truncation: bool, vocab: int | None = N
 
 def train(config: TrainerConfig) -> None:
     # Dropout off: the loss's logprobs must be those of the policy the server sampled from (docs/trainer.md#lora).
-    session = TrainSession(config, "trainer", dropout=False)
+    critic = functools.partial(build_critic, config) if config.critic_in_use is not None else None
+    session = TrainSession(config, "trainer", dropout=False, sampled_vocab=config.sampled_vocab,
+                           transfer=config.weight_transfer, critic=critic)
     loss_fn = build_loss(config.loss)
     ref_model = None
     if config.loss.kl_coef > 0 or config.advantage.reward_kl is not None:
@@ -155,11 +166,8 @@ def train(config: TrainerConfig) -> None:
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
                                                      config.match_truncation, targets)
                 grad_norm = session.optimizer_step(step, total_loss)
-                if isinstance(session.critic, ValueHeadCritic):  # its value loss was in the joint backward
-                    critic_metrics = {"value/grad_norm": session.critic.step(step, total_loss)}
-                elif session.critic is not None:
-                    critic_metrics = session.critic.train_epoch(batch.micro_batches, targets,
-                                                                session.dist.world_size, step)
+                if session.critic is not None:
+                    critic_metrics = session.critic.train_epoch(batch.micro_batches, targets, step, total_loss)
             metrics |= advantage_metrics | critic_metrics
             session.scheduler.step()
             step_time = time.perf_counter() - start

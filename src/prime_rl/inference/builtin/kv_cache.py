@@ -1,0 +1,162 @@
+"""The builtin engine's KV cache: the running batch's cache and attention mask (`BatchCache`), and the padding,
+row copies and position ids every cache the engine builds follows.
+
+The running batch is one transformers `DynamicCache` with one row per running sequence (row i is the engine's
+sequence i) and its attention mask [B, width] (1 = real token). Invariants, kept by everything here:
+
+- Every row ends at the same cache position. Prompts are left-padded (`left_padded`), and rows of different
+  widths are merged by left-padding the shorter side (`BatchCache.add`), so one decode step appends one column
+  for every row (`BatchCache.extend`).
+- Padding is masked: a padding position has mask 0 in its row (whatever its keys and values: zeros from
+  `left_pad`, or a pad token's from a prefill), so attention never reads it.
+- Position ids count only real tokens (`position_ids`): a row's first real token is position 0 however much
+  padding precedes it (padding gets position 0; it is masked anyway).
+
+So a row computes what it would compute alone. When rows retire (`BatchCache.keep`), the leading columns that
+are padding in every remaining row are dropped.
+
+Within one prefill, prompts that share a prefix (the samples of one prompt a teacher scores) are prefilled once:
+`shared_prefixes` groups them, and `Engine._prefill_shared` runs each group's prefix, copies its rows to every
+member (`take_rows`), then runs each member's rest on its copy; the cache then holds prefix padding, prefix,
+rest padding, rest (padding masked, positions counting real tokens only).
+
+Extension point, prefix reuse (not implemented): keeping a conversation's cache between requests (multi-turn
+chats, agents) adds a store of prefixes beside `BatchCache`. Before prefill, a lookup finds the longest stored
+prefix of each new prompt (token ids -> per layer keys and values [1, H, P, D]); its rows are copied in
+(`take_rows`) and only the rest of the prompt is prefilled on them, as `_prefill_shared` does with an in-batch
+prefix; the prefilled rows then join the batch through `add` like any others. The store is filled where rows
+retire (`keep`): a row's keys, values and real tokens are saved instead of dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+SHARE_MIN_SAVING = 0.25  # two prefill forwards only when sharing prefixes saves at least this share of the tokens
+
+
+class BatchCache:
+    """The KV cache and attention mask of the running batch (module docstring): empty (no rows, no cache) until
+    the first `add`, and again after `reset` or a `keep` of no row. The engine feeds `cache` and `mask` to the
+    model's forward, which appends the new tokens' keys and values to `cache` in place."""
+
+    def __init__(self) -> None:
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [B, width] 1 = real token
+
+    def __len__(self) -> int:
+        """Rows (running sequences)."""
+        return 0 if self.mask is None else self.mask.shape[0]
+
+    @property
+    def width(self) -> int:
+        """Cache positions per row, real and padding (the same in every row)."""
+        return 0 if self.mask is None else self.mask.shape[1]
+
+    def add(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Append prefilled rows (their cache and mask [R, S]) after the running ones, left-padding whichever side
+        is narrower so every row still ends at the same position."""
+        if self.cache is None:
+            self.cache, self.mask = cache, mask
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([left_pad(old.keys, width, 2), left_pad(new.keys, width, 2)])
+            old.values = torch.cat([left_pad(old.values, width, 2), left_pad(new.values, width, 2)])
+        self.mask = torch.cat([left_pad(self.mask, width, 1), left_pad(mask, width, 1)])
+
+    def extend(self) -> torch.Tensor:
+        """Open the decode step's column (one real token in every row) and return the mask [B, width + 1] over the
+        cache and that token; the forward then writes the token's keys and values into `cache`."""
+        self.mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long)], dim=1)
+        return self.mask
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep the rows `rows` (in that order) and retire the others, dropping the leading columns that are
+        padding in every kept row. No row: empty."""
+        if not rows:
+            self.reset()
+            return
+        index = torch.tensor(rows)
+        self.mask = self.mask[index]
+        start = int(self.mask.any(dim=0).nonzero()[0])
+        self.mask = self.mask[:, start:]
+        take_rows(self.cache, index, start)
+
+    def reset(self) -> None:
+        """Drop every row."""
+        self.cache, self.mask = None, None
+
+
+def position_ids(mask: torch.Tensor, new: int) -> torch.Tensor:
+    """Position ids [B, new] of the last `new` columns of `mask` [B, S]: real tokens count from 0 in every row;
+    padding gets position 0 (it is masked anyway)."""
+    return (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -new:]
+
+
+def left_padded(prompts: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [R, width] and mask [R, width] (1 = real token) of prompts aligned to the right."""
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
+def take_rows(cache: DynamicCache, rows: torch.Tensor, start: int = 0) -> None:
+    """Keep the cache rows `rows` (in that order; a row may repeat) and its positions from `start` on."""
+    index = rows.to(cache.layers[0].keys.device)
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[index, :, start:], layer.values[index, :, start:]
+
+
+def left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros before it along `dim`, `width` long there."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def shared_prefixes(prompts: list[list[int] | None]) -> tuple[list[int], list[int]] | None:
+    """Groups of prompts that share a prefix, for one prefill (`Engine._prefill_shared`): per prompt its group
+    (-1: none) and how many of its first tokens the group shares (always fewer than its length), or None when
+    sharing would not save `SHARE_MIN_SAVING` of the tokens. A None prompt takes no part.
+
+    Sorted, prompts with a common prefix are neighbours, and a group's shared prefix is the least common prefix
+    of neighbouring members; a prompt joins the group before it when that keeps the tokens saved, (members - 1)
+    * shared, from falling (so the 8 samples of one prompt group on the prompt, not with every sample on the
+    chat template's first tokens)."""
+    order = sorted((i for i, p in enumerate(prompts) if p is not None), key=lambda i: prompts[i])
+    runs: list[tuple[list[int], int]] = []  # (members, shared length)
+    for i in order:
+        prompt = prompts[i]
+        if runs:
+            members, length = runs[-1]
+            common = min(length, _common_prefix(prompts[members[-1]], prompt), len(prompt) - 1)
+            if common > 0 and len(members) * common >= (len(members) - 1) * length:
+                runs[-1] = (members + [i], common)
+                continue
+        runs.append(([i], len(prompt) - 1))
+    group, shared = [-1] * len(prompts), [0] * len(prompts)
+    saved = 0
+    for g, (members, length) in enumerate(run for run in runs if len(run[0]) > 1 and run[1] > 0):
+        for i in members:
+            group[i], shared[i] = g, length
+        saved += (len(members) - 1) * length
+    total = sum(len(p) for p in prompts if p is not None)
+    return (group, shared) if total and saved >= SHARE_MIN_SAVING * total else None
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
