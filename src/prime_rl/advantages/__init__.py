@@ -1,5 +1,8 @@
-"""Advantages: how rewards become the per-token A the policy loss trains on. The one home of the math, imported
-by the orchestrator and the trainer alike; it imports neither (nor any other component: `tests/test_structure.py`).
+"""Advantages: how rewards become the per-token A the policy loss trains on. The one implementation of the math,
+imported by the orchestrator and the trainer alike; it imports neither (nor any other component:
+`tests/test_structure.py`). The formulas: docs/orchestrator.md#advantages (the types computed in the orchestrator),
+docs/losses.md#token-level-advantages (those computed in the trainer, the KL in the reward),
+docs/losses.md#on-policy-distillation (the OPD advantage).
 
     group.py    the types computed in the orchestrator, fn(rewards [groups, rollouts]) -> advantages
                 (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline, custom); `whiten_samples`

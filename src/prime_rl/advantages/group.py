@@ -1,26 +1,19 @@
-"""The types computed in the orchestrator: pure functions on a [groups, rollouts] reward tensor.
-
-Row g holds the rewards r_g1..r_gR of the R rollouts of one prompt. With
-mean_g = (1/R) sum_j r_gj and the sample std std_g = sqrt(sum_j (r_gj - mean_g)^2 / (R - 1)):
-
-    grpo                          A_gi = (r_gi - mean_g) / (std_g + eps)     (std_normalize = false: r_gi - mean_g)
-    dr_grpo                       A_gi = r_gi - mean_g
-    rloo                          A_gi = r_gi - (1/(R-1)) sum_{j != i} r_gj  =  R/(R-1) * (r_gi - mean_g)
-    reinforce_plus_plus_baseline  a_gi = r_gi - mean_g, then A = whiten_samples(a)
-    custom                        A = fn(rewards, **kwargs), same shape
+"""The types computed in the orchestrator: pure functions on a [groups, rollouts] reward tensor (row g: the
+rewards of the R rollouts of one prompt) that return advantages of the same shape: grpo, dr_grpo, rloo,
+reinforce_plus_plus_baseline (group-centered, then `whiten_samples`) and custom (the user's function). Their
+formulas: docs/orchestrator.md#advantages.
 
 `whiten_samples` is also the optional normalisation over the batch (`normalize_advantages`) applied after
-any of them: (A - mean) / (std + eps) over every sample of the step (population std). It is not
-`token.whiten_tokens`, which whitens a trainer-computed type's per-token A over the step's trained tokens.
+any of them, over every sample of the step. It is not `token.whiten_tokens`, which whitens a trainer-computed
+type's per-token A over the step's trained tokens.
 
 All of it is computed in float64 (the built-in functions return float64; `compute_advantages`
 returns float32 for the batch file).
 
-Equal groups. A group whose rewards are all equal (max_j r_gj == min_j r_gj, compared exactly,
-`equal_groups`) has nothing to compare: every built-in type gives it A = 0 exactly, not the rounding
-residue of r_gi - mean_g (which grpo's division by std_g + eps would blow up to |A| ~ 0.03-0.1 for
-rewards such as 0.3 in float32), and `whiten_samples` keeps a group that is all exactly 0 at exactly 0
-(for group-centered values mean(a) = 0, so this only removes rounding). A group is zero-advantage
+Equal groups. A group whose rewards are all equal (max == min, compared exactly, `equal_groups`) has
+nothing to compare: every built-in type gives it A = 0 exactly, not the rounding residue of centering
+(which grpo's std division would blow up), and `whiten_samples` keeps a group that is all exactly 0 at
+exactly 0 (for group-centered values the batch mean is 0, so this only removes rounding). A group is zero-advantage
 (`zero_groups`: what `filter_zero_advantage` and dynamic sampling drop) iff its advantages are all
 exactly 0; for the built-in types that is iff its rewards are all equal.
 
@@ -48,7 +41,7 @@ from prime_rl.utils.errors import PrimeError
 from prime_rl.utils.imports import import_callable
 
 EPS = 1e-6
-"""The eps of every standard deviation division: (x - mean) / (std + eps)."""
+"""The eps added to every standard deviation the advantages are divided by (whitening, grpo)."""
 
 
 def _check_groups(rewards: Tensor, name: str) -> None:
@@ -77,7 +70,7 @@ def _zero_rows(values: Tensor, rows: Tensor) -> Tensor:
 
 
 def _centered(rewards: Tensor) -> Tensor:
-    """r_gi - mean_g in float64, exactly 0 on equal groups."""
+    """Each reward minus its group's mean, in float64; exactly 0 on equal groups."""
     rewards = rewards.double()
     return _zero_rows(rewards - rewards.mean(dim=1, keepdim=True), equal_groups(rewards))
 
@@ -101,12 +94,13 @@ def dr_grpo(rewards: Tensor) -> Tensor:
 def rloo(rewards: Tensor) -> Tensor:
     _check_groups(rewards, "rloo")
     n = rewards.shape[1]
-    # r_i - (sum - r_i) / (n - 1) == n / (n - 1) * (r_i - mean)
+    # The leave-one-out baseline, as n / (n - 1) times the centered reward (docs/orchestrator.md#advantages).
     return _centered(rewards) * (n / (n - 1))
 
 
 def whiten_samples(values: Tensor) -> Tensor:
-    """(x - mean) / (std + eps) over all samples of [groups, rollouts] (population std).
+    """Whitens every sample's value over the whole [groups, rollouts] batch (population std;
+    docs/orchestrator.md#advantages, `normalize_advantages`).
 
     Rows that are all exactly 0 stay exactly 0 (they are the no-signal groups; for
     group-centered values mean = 0 and this only removes rounding). A single element gives 0.

@@ -1,18 +1,14 @@
 """KL in the reward (`[orchestrator.advantage.reward_kl]`: `estimator`, `coef`; verl's `use_kl_in_reward`): the
 reward minus coef times the KL to the frozen reference model (model.name), before the advantage. Only the trainer
-has the reference, so it applies this for every type, from KL_t [T] on the trained tokens:
+has the reference, so it applies this for every type, from the per-token estimate KL_t [T] on the trained tokens
+(the loss's `kl_estimate`, the same as its KL regularizer, with the sampler's logprob in place of the trainer's).
+The formulas: docs/losses.md#token-level-advantages, docs/losses.md#kl-in-the-reward-for-the-group-types.
 
-    KL_t = lq_t - lref_t (k1), or exp(lref_t - lq_t) - (lref_t - lq_t) - 1 (k3)
+Trainer-computed types (`token_rewards`): the per-token rewards r_t minus the KL on every token (`token.py`).
 
-(lq: the sampler's logprob; the estimate is the loss's `kl_estimate`, the same as its KL regularizer).
-
-Trainer-computed types (`token_rewards`): per token, r_t = R [t = n] - coef * KL_t (`token.py`).
-
-Orchestrator-computed types (`kl_group_advantages`): for sample i of group g, with reward R_gi (the batch's
-`sample_rewards`) and trained tokens t:
-
-    r'_gi = R_gi - coef * sum_t KL_t
-    A_gi  = the type's own function of row g of r' (the one the orchestrator runs on R), on every trained token
+Orchestrator-computed types (`kl_group_advantages`): each sample's reward (the batch's `sample_rewards`) minus
+coef times its KL summed over its trained tokens, then the type's own function of each group's row (the one the
+orchestrator runs on the task rewards), on every trained token.
 
 A group's samples may sit on several ranks: every rank contributes (group, reward, KL sum) of its samples
 (`sample_groups` >= 0, `sample_table`), all gather them, and each computes the same [groups, rollouts] table.
@@ -45,8 +41,8 @@ def sample_table(groups: Tensor, rewards: Tensor, kl_sums: Tensor) -> Tensor:
 
 
 def kl_group_advantages(tables: list[Tensor], advantage: AdvantageConfig) -> list[Tensor]:
-    """Per table (one per rank, rows as `sample_table`): A of each row under `advantage` with r' = reward -
-    reward_kl.coef * KL sum (module docstring), float64. The same on every rank given the same tables."""
+    """Per table (one per rank, rows as `sample_table`): A of each row under `advantage`, of its reward minus
+    reward_kl.coef times its KL sum (module docstring), float64. The same on every rank given the same tables."""
     table = torch.cat(tables) if tables else torch.zeros((0, 3), dtype=torch.float64)
     if table.shape[0] == 0:
         return [torch.zeros(0, dtype=torch.float64) for _ in tables]

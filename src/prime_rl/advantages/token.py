@@ -1,19 +1,15 @@
 """The types computed in the trainer (`reinforce_plus_plus`, `gae`): per-token advantages of one packed row, once
 per step, before the update epochs, from the batch's `rewards` (each sample's reward R on its last trained token).
 
-Per sample, over its trained tokens t = 1..n in order (tokens off the loss mask, such as a multi-turn
-sample's environment tokens, are skipped: the next trained token is the next state):
-
-    r_t      = R [t = n] - coef * KL_t                    (`kl.token_rewards`; the KL term only with `reward_kl`)
-    delta_t  = r_t + gamma V_{t+1} - V_t                   (V_{n+1} = 0)
-    A_t      = delta_t + gamma lam A_{t+1}                 (A_{n+1} = 0)
-    G_t      = A_t + V_t                                   (the critic's regression target)
+Per sample, over its trained tokens in order (tokens off the loss mask, such as a multi-turn sample's
+environment tokens, are skipped: the next trained token is the next state), from the per-token rewards r_t
+(`kl.token_rewards`): the GAE recursion `gae`, and its returns G_t, the critic's regression target. The
+formulas: docs/losses.md#token-level-advantages.
 
 `gae` uses the critic's V (`trainer/critic.py`); `reinforce_plus_plus` is the same recursion with V = 0
-and lam = 1, i.e. the discounted return G_t = sum_{k>=t} gamma^(k-t) r_k. Whitening (REINFORCE++ always,
-`gae` with `whiten`; the trainer applies it to a type whose config is `whitened`) is `whiten_tokens`: over
-every trained token of the step on every rank, A <- (A - mean) / (std + eps), population std. It is not
-`group.whiten_samples`, which whitens one advantage per sample and keeps no-signal groups at 0.
+and lam = 1, the discounted return. Whitening (REINFORCE++ always, `gae` with `whiten`; the trainer applies it
+to a type whose config is `whitened`) is `whiten_tokens`, over every trained token of the step on every rank.
+It is not `group.whiten_samples`, which whitens one advantage per sample and keeps no-signal groups at 0.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ class TokenRow:
 
 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, sample_lens: Tensor, gamma: float, lam: float) -> Tensor:
-    """A [T] float64 of one packed row: the GAE recursion of the module docstring within each segment
-    (`sample_lens`), over its trained tokens (`mask`) only; 0 off the mask."""
+    """A [T] float64 of one packed row: the GAE recursion (docs/losses.md#token-level-advantages) within each
+    segment (`sample_lens`), over its trained tokens (`mask`) only; 0 off the mask."""
     r, v, m = rewards.double().tolist(), values.double().tolist(), mask.tolist()
     advantages = [0.0] * len(r)
     end = len(r)
@@ -64,7 +60,7 @@ def generalized_advantage(row: TokenRow, gamma: float, lam: float) -> Tensor:
 
 @ADVANTAGES.implements(ReinforcePlusPlusAdvantageConfig)
 def discounted_return(row: TokenRow, gamma: float) -> Tensor:
-    """REINFORCE++'s discounted return sum_{k>=t} gamma^(k-t) r_k: `gae` with V = 0 and lam = 1."""
+    """REINFORCE++'s discounted return: `gae` with V = 0 and lam = 1."""
     return gae(row.rewards, torch.zeros_like(row.rewards), row.mask, row.sample_lens, gamma, 1.0)
 
 
@@ -76,9 +72,9 @@ def token_moments(values: list[Tensor], masks: list[Tensor]) -> list[float]:
 
 
 def whiten_tokens(values: list[Tensor], masks: list[Tensor], moments: list[float]) -> list[Tensor]:
-    """(A - mean) / (std + eps) on the trained tokens of every row, 0 elsewhere; `moments` = [sum, sum of
-    squares, count] of A over the trained tokens of the whole step (all rows, all ranks: `token_moments`,
-    all-reduced)."""
+    """A whitened with the step's mean and population std on the trained tokens of every row, 0 elsewhere;
+    `moments` = [sum, sum of squares, count] of A over the trained tokens of the whole step (all rows, all ranks:
+    `token_moments`, all-reduced)."""
     total, squares, count = moments
     if count == 0:
         return values

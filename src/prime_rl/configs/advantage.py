@@ -16,7 +16,8 @@ applies itself: `reward_kl`, and a trainer-computed type's `whiten`):
 The config is the run's one advantage plan: the orchestrator and the trainer read what each does from it alone
 (`trainer_step`, `batch_fields`, `uses_critic`), and the filters that judge groups by their advantages refuse a
 type whose advantages only the trainer knows (`OrchestratorConfig`). The pipeline from a reward to the loss's
-advantage, and every formula: docs/orchestrator.md#advantages.
+advantage and the group types' formulas: docs/orchestrator.md#advantages; the trainer-computed types' and the KL in
+the reward: docs/losses.md#token-level-advantages.
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ RENAMED = {"kl_in_reward": "reward_kl.estimator", "kl_coef": "reward_kl.coef"}
 class RewardKlConfig(BaseConfig):
     """`[orchestrator.advantage.reward_kl]`: the KL to the reference model (model.name, frozen) folded into the
     reward before the advantage (verl's `use_kl_in_reward`). Not the loss's KL regularizer (`loss.kl_coef`), which
-    adds a KL term to the loss instead. The formulas: docs/losses.md#kl-in-the-reward."""
+    adds a KL term to the loss instead. The formulas: docs/losses.md#token-level-advantages."""
 
     estimator: Literal["k1", "k3"] = "k1"
-    """The per-token KL estimate between the sampler and the reference: k1 = lq - lref, k3 = exp(lref - lq) -
-    (lref - lq) - 1 (lq: the sampler's logprob)."""
+    """The per-token estimate of the KL between the sampler and the reference model
+    (docs/losses.md#token-level-advantages)."""
     coef: float = Field(default=0.01, ge=0)
-    """Its weight: the reward becomes r - coef * KL."""
+    """Weight of the KL subtracted from the reward."""
 
 
 class AdvantageBase(BaseConfig):
@@ -117,7 +118,7 @@ class AdvantageBase(BaseConfig):
 
 @ADVANTAGES.config
 class GrpoAdvantageConfig(AdvantageBase):
-    """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within each group (sample std)."""
+    """GRPO: each group's rewards centered and divided by their standard deviation (docs/orchestrator.md#advantages)."""
 
     type: Literal["grpo"] = "grpo"
     std_normalize: bool = True
@@ -126,30 +127,30 @@ class GrpoAdvantageConfig(AdvantageBase):
 
 @ADVANTAGES.config
 class DrGrpoAdvantageConfig(AdvantageBase):
-    """Dr. GRPO: A_i = r_i - mean(r) within each group."""
+    """Dr. GRPO: each group's rewards centered, no std division."""
 
     type: Literal["dr_grpo"] = "dr_grpo"
 
 
 @ADVANTAGES.config
 class RlooAdvantageConfig(AdvantageBase):
-    """RLOO: A_i = r_i - mean_{j != i} r_j (leave-one-out baseline) within each group."""
+    """RLOO: a leave-one-out baseline within each group."""
 
     type: Literal["rloo"] = "rloo"
 
 
 @ADVANTAGES.config
 class RppBaselineAdvantageConfig(AdvantageBase):
-    """REINFORCE++-baseline: a_i = r_i - mean(r) within each group, then whitened over the whole batch."""
+    """REINFORCE++-baseline: each group's rewards centered, then whitened over the whole batch."""
 
     type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"
 
 
 @ADVANTAGES.config
 class ReinforcePlusPlusAdvantageConfig(AdvantageBase):
-    """Token-level REINFORCE++: per-token rewards r_t (the sample's reward on its last token, minus
-    coef * KL_t on every token with `reward_kl`), discounted returns G_t = sum_{k>=t} gamma^(k-t) r_k,
-    whitened over every trained token of the batch. Computed by the trainer."""
+    """Token-level REINFORCE++: the discounted return of per-token rewards (the sample's reward on its last token,
+    minus the KL on every token with `reward_kl`), whitened over every trained token of the batch. Computed by the
+    trainer (docs/losses.md#token-level-reinforce)."""
 
     type: Literal["reinforce_plus_plus"] = "reinforce_plus_plus"
     computed_in: ClassVar[ComputedIn] = "trainer"
@@ -161,8 +162,8 @@ class ReinforcePlusPlusAdvantageConfig(AdvantageBase):
 
 @ADVANTAGES.config
 class GaeAdvantageConfig(AdvantageBase):
-    """PPO's GAE with a learned critic ([trainer.critic]): delta_t = r_t + gamma V_{t+1} - V_t,
-    A_t = sum_l (gamma lam)^l delta_{t+l}, optionally whitened over the batch. Computed by the trainer."""
+    """PPO's GAE with a learned critic ([trainer.critic]), optionally whitened over the batch. Computed by the
+    trainer (docs/losses.md#ppo-with-a-critic-gae)."""
 
     type: Literal["gae"] = "gae"
     computed_in: ClassVar[ComputedIn] = "trainer"
@@ -173,7 +174,7 @@ class GaeAdvantageConfig(AdvantageBase):
     lam: float = Field(default=0.95, ge=0, le=1)
     """GAE's lambda: 0 is the one-step TD advantage, 1 the Monte-Carlo return minus V_t."""
     whiten: bool = True
-    """Whiten the advantages over every trained token of the batch: (A - mean) / (std + eps)."""
+    """Whiten the advantages over every trained token of the batch (docs/losses.md#token-level-advantages)."""
 
 
 @ADVANTAGES.config

@@ -2,7 +2,7 @@
 
 Every variant is registered in `LOSSES` (`@LOSSES.config`); its function, in
 `prime_rl.trainer.rl.losses`, registers with `@LOSSES.implements(ItsConfig)`, and `LossConfig`
-is the union of the registered classes. See docs/losses.md for the formulas, defaults and papers.
+is the union of the registered classes. The formulas, defaults and papers: docs/losses.md (their one home).
 Every variant has a `normalization` (with its own default), an optional KL-to-reference term
 (`kl_coef`, `kl_type`) and an entropy bonus (`entropy_coef`).
 """
@@ -30,10 +30,10 @@ class _LossCommon(BaseConfig):
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL-to-reference penalty (needs `ref_logprobs` in the batch when > 0)."""
     kl_type: KLType = "k3"
-    """KL estimator on `d = lp - ref`: k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1 (exp(-d) continued linearly below d =
-    -20, so it cannot overflow), low_var_kl = k3 with d clamped to [-20, 20], then clamped to [-10, 10]."""
+    """Per-token estimator of the KL penalty, on d = lp - ref: k1, k2, k3 (finite for every finite d) or low_var_kl
+    (clamped); docs/losses.md#regularizers-every-type."""
     entropy_coef: float = Field(default=0.0, ge=0)
-    """Weight of the entropy bonus (subtracts entropy_coef * entropy per token; needs entropies from the trainer)."""
+    """Weight of the entropy bonus, subtracted from every token's loss (needs entropies from the trainer)."""
 
     needs_log_ratio_moments: ClassVar[bool] = False
     """True for a variant whose loss depends on a statistic of the whole step (`LossScale.log_ratio_moments`)."""
@@ -47,14 +47,15 @@ def _check_low_high(config: BaseConfig, *pairs: tuple[str, str]) -> None:
 
 
 class _AdvantageShaping(BaseConfig):
-    """Â = adv_tau * A + teacher_tau * sg(teacher - lp) - kl_tau * log r."""
+    """The weights of the shaped advantage Â of `default` and `sapo`
+    (docs/losses.md#default--masked-importance-sampling-aipo-prime-rls-default)."""
 
     adv_tau: float = 1.0
-    """Weight of the advantage A in the shaped advantage."""
+    """Weight of the advantage A in the shaped advantage Â."""
     teacher_tau: float = Field(default=0.0, ge=0)
-    """Weight of the teacher term sg(teacher_logprob - lp) (needs `teacher_logprobs` when > 0)."""
+    """Weight of the teacher term in Â, the teacher's logprob minus the trainer's (needs `teacher_logprobs` if > 0)."""
     kl_tau: float = Field(default=0.0, ge=0)
-    """Weight of the inference-mismatch penalty -log r in the shaped advantage."""
+    """Weight of the inference-mismatch penalty, the log ratio subtracted from Â."""
 
 
 @LOSSES.config
@@ -63,17 +64,17 @@ class DefaultLossConfig(_LossCommon, _AdvantageShaping):
 
     type: Literal["default"] = "default"
     normalization: Normalization = "token"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
     ratio_type: Literal["token", "sequence"] = "token"
-    """Importance weight: per-token r, or the sample's min(exp(min(sum log r, 10)), sequence_clip_high)."""
+    """Importance weight: per-token r, or the sample's capped sequence ratio (docs/losses.md, `default`)."""
     token_mask_low: float = Field(default=0.125, ge=0)
     """Mask a token whose ratio r is below this."""
     token_mask_high: float = Field(default=8.0, gt=0)
     """Mask a token whose ratio r is above this."""
     geo_mask_low: float = Field(default=0.1, ge=0)
-    """Mask a whole sample whose geometric-mean ratio exp(mean log r) is below this."""
+    """Mask a whole sample whose geometric-mean ratio is below this."""
     geo_mask_high: float = Field(default=10.0, gt=0)
-    """Mask a whole sample whose geometric-mean ratio exp(mean log r) is above this."""
+    """Mask a whole sample whose geometric-mean ratio is above this."""
     sequence_mask_low: float = Field(default=0.0, ge=0)
     """Mask a whole sample if any of its tokens has a ratio below this."""
     sequence_mask_high: float = Field(default=100.0, gt=0)
@@ -98,7 +99,7 @@ class SapoLossConfig(_LossCommon, _AdvantageShaping):
 
     type: Literal["sapo"] = "sapo"
     normalization: Normalization = "sequence"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
     tau_pos: float = Field(default=1.0, gt=0)
     """Gate temperature for tokens with positive shaped advantage."""
     tau_neg: float = Field(default=1.05, gt=0)
@@ -122,7 +123,7 @@ class CispoLossConfig(_LossCommon):
 
     type: Literal["cispo"] = "cispo"
     normalization: Normalization = "token"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
     eps_high: float = Field(default=5.0, gt=0)
     """The weight is clipped at 1 + eps_high."""
     eps_low: float | None = Field(default=None, ge=0)
@@ -131,72 +132,73 @@ class CispoLossConfig(_LossCommon):
 
 @LOSSES.config
 class VanillaLossConfig(_LossCommon):
-    """Plain importance-sampled policy gradient -r * A, no clipping."""
+    """Plain importance-sampled policy gradient, no clipping."""
 
     type: Literal["vanilla"] = "vanilla"
     normalization: Normalization = "token"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
 
 
 class PPOClipConfig(_LossCommon):
-    """The clipped PPO surrogate -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)."""
+    """The keys of the clipped PPO surrogate, shared by grpo, bnpo, dr_grpo, dapo and fipo
+    (docs/losses.md#grpo-bnpo-dr_grpo-dapo--the-clipped-ppo-surrogate)."""
 
     eps_low: float = Field(default=0.2, ge=0, lt=1)
     """Lower clip bound 1 - eps_low."""
     eps_high: float = Field(default=0.2, ge=0)
     """Upper clip bound 1 + eps_high."""
     dual_clip_c: float | None = Field(default=None, gt=1)
-    """Dual clip: for A < 0 the loss is capped at -c * A (None = off; must be > 1)."""
+    """Dual clip: caps the loss of a negative-advantage token at this multiple of |A| (None = off; must be > 1)."""
     opsm_delta: float | None = Field(default=None, ge=0)
-    """Off-policy sequence masking: drop token t when A_t < 0 and its sample's mean(lq - lp) > delta (None = off)."""
+    """Off-policy sequence masking: drop the negative-advantage tokens of a sample that drifted from the sampler by
+    more than this (the mean of lq - lp over its tokens, nats; None = off)."""
 
 
 @LOSSES.config
 class GrpoLossConfig(PPOClipConfig):
-    """GRPO: clipped surrogate, each sample's token mean, mean over samples (arXiv 2402.03300)."""
+    """GRPO: the clipped surrogate, `sequence` normalization (arXiv 2402.03300)."""
 
     type: Literal["grpo"] = "grpo"
     normalization: Normalization = "sequence"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
 
 
 @LOSSES.config
 class BnpoLossConfig(PPOClipConfig):
-    """`bnpo`: clipped surrogate, sum over the step's trained tokens / their count (TRL's `loss_type = "bnpo"`)."""
+    """`bnpo`: the clipped surrogate, `token` normalization (TRL's `loss_type = "bnpo"`)."""
 
     type: Literal["bnpo"] = "bnpo"
     normalization: Normalization = "token"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
 
 
 @LOSSES.config
 class DrGrpoLossConfig(PPOClipConfig):
-    """Dr. GRPO: clipped surrogate, sum divided by a constant N * max_tokens, N = samples with a trained token (arXiv
-    2503.20783)."""
+    """Dr. GRPO: the clipped surrogate, `constant` normalization (arXiv 2503.20783)."""
 
     type: Literal["dr_grpo"] = "dr_grpo"
     normalization: Normalization = "constant"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
 
 
 @LOSSES.config
 class DapoLossConfig(PPOClipConfig):
-    """DAPO: clip-higher surrogate, token mean over the step (arXiv 2503.14476)."""
+    """DAPO: the clipped surrogate with clip-higher, `token` normalization (arXiv 2503.14476)."""
 
     type: Literal["dapo"] = "dapo"
     normalization: Normalization = "token"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
     eps_high: float = Field(default=0.28, ge=0)
     """Upper clip bound 1 + eps_high (clip-higher)."""
 
 
 @LOSSES.config
 class GspoLossConfig(_LossCommon):
-    """GSPO: clipped surrogate on the sequence ratio exp(mean log r) (arXiv 2507.18071)."""
+    """GSPO: the clipped surrogate on each sample's sequence ratio (arXiv 2507.18071)."""
 
     type: Literal["gspo"] = "gspo"
     normalization: Normalization = "sequence"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
     eps_low: float = Field(default=3e-4, ge=0, lt=1)
     """Lower clip bound 1 - eps_low on the sequence ratio."""
     eps_high: float = Field(default=4e-4, ge=0)
@@ -205,7 +207,7 @@ class GspoLossConfig(_LossCommon):
 
 @LOSSES.config
 class GspoTokenLossConfig(GspoLossConfig):
-    """GSPO-token: per-token ratio sg(s_i) * exp(lp - sg(lp)), same value as GSPO, per-token gradient path."""
+    """GSPO-token: the value of GSPO with a per-token gradient path (for token-level advantages)."""
 
     type: Literal["gspo_token"] = "gspo_token"  # type: ignore[assignment]
 
@@ -230,13 +232,14 @@ class IsReshapeLossConfig(_LossCommon):
     type: Literal["is_reshape"] = "is_reshape"
     needs_log_ratio_moments: ClassVar[bool] = True
     normalization: Normalization = "token"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
     rho_min: float = Field(default=0.3, gt=0, lt=1)
-    """Target minimum effective sample ratio; gamma_base = min(1, sqrt(-log(rho_min) / var(log w)))."""
+    """Target minimum effective sample ratio: sets gamma_base from the step's log-ratio variance
+    (docs/losses.md#is_reshape--rényi-importance-sampling-reshape)."""
     tau: float = Field(default=1.0, gt=0)
-    """Temperature of the advantage gate P = sigmoid(A * log w / tau)."""
+    """Temperature of the advantage gate P."""
     T: float = Field(default=5.0, gt=0)
-    """Sharpness of the target exponent gamma_target = sigmoid(-T * log w)."""
+    """Sharpness of the target exponent gamma_target."""
     gamma_min: float = Field(default=0.05, ge=0, le=1)
     """Lower bound on the exponent gamma."""
     clip_weight: bool = False
@@ -259,7 +262,7 @@ class CustomLossConfig(_LossCommon):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the function."""
     normalization: Normalization = "token"
-    """How per-token losses are reduced over the step."""
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
 
     @field_validator("import_path")
     @classmethod

@@ -178,8 +178,8 @@ class EvalConfig(BaseConfig):
 
 class TeacherConfig(BaseConfig):
     """On-policy distillation (`[teacher]`): a teacher model, served by an inference server, scores the tokens of
-    every trained sample; its logprobs go into the batch (`teacher_logprobs`) and into the OPD advantage
-    A_t = task_coef * A + opd_coef * (teacher_t - lq_t - b) (docs/losses.md#on-policy-distillation)."""
+    every trained sample; its logprobs go into the batch (`teacher_logprobs`) and into the per-token OPD advantage
+    (docs/losses.md#on-policy-distillation)."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The teacher model. Its tokenizer must be the policy's (token ids are scored as they are): a different
@@ -259,7 +259,7 @@ class OrchestratorConfig(RunConfig):
     advantage: AdvantageConfig = Field(default_factory=GrpoAdvantageConfig)
     """How rewards become advantages (see docs/orchestrator.md)."""
     normalize_advantages: bool = False
-    """Whiten the final advantages over the whole batch: (A - mean) / (std + eps)."""
+    """Whiten the final advantages over every sample of the batch (docs/orchestrator.md#advantages)."""
     filter_zero_advantage: bool = False
     """Drop groups whose advantages are all zero (they carry no learning signal)."""
     dynamic_sampling: bool = False

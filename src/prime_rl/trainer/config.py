@@ -151,14 +151,14 @@ class CriticConfig(BaseConfig):
     (`trainer/value_head.py`, `ValueHeadCritic`); see docs/losses.md#ppo-with-a-critic-gae."""
 
     type: Literal["separate", "value_head"] = "separate"
-    """separate: a second model with its own forward and backward; value_head: V_t = w . h_{t-1} + b on the
-    policy's own final hidden states h, trained in one backward with the policy on L_policy + value_coef * L_V
-    (the trunk learns from the value loss too)."""
+    """separate: a second model with its own forward and backward; value_head: a linear head on the policy's own
+    final hidden states, trained in the policy's backward (the trunk learns from the value loss too;
+    docs/losses.md#ppo-with-a-critic-gae)."""
     model: Annotated[str, Field(min_length=1)] | None = None
     """Where the separate critic starts: a local model directory (its decoder weights; the head is new, seeded);
     none: the policy's model.name. Not with type value_head."""
     value_coef: Annotated[float, Field(gt=0)] | None = None
-    """value_head only: the weight c_V of the value loss in the joint loss L = L_policy + c_V * L_V (none: 0.1)."""
+    """value_head only: the weight of the value loss in the joint loss (none: 0.1)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """The critic's own AdamW (constant lr) and gradient clipping (value_head: the head's; the trunk steps with the
     policy's optim)."""

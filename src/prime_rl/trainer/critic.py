@@ -10,14 +10,11 @@ dropout, so V is a function of the tokens). The value of trained token t is the 
 position t - 1, the state the policy sampled token t from (`model.from_previous_position`; the first
 token of a segment is never trained, so t - 1 is always in the same segment).
 
-Per update epoch, with V_old the values the advantages were computed with, G the GAE returns and
-N the step's trained tokens (all ranks), the critic minimises (PPO's clipped value loss, `value_loss`)
-
-    L_V = 1/N sum_t 0.5 max((V_t - G_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - G_t)^2)
-
-(c = `value_clip`; without it the plain 0.5 (V_t - G_t)^2), one AdamW step per epoch. Logged:
-`value/loss` (last epoch), `value/mean` (mean V_old), `value/explained_variance`
-(1 - Var(G - V_old) / Var(G), over the step's trained tokens), `value/clip_frac`, `value/grad_norm`.
+Per update epoch the critic takes one AdamW step on PPO's clipped value loss L_V (`value_loss`): its values
+regressed on the GAE returns G, each new value clipped to within `value_clip` of V_old, the values the advantages
+were computed with (without `value_clip` the plain squared error), averaged over the step's trained tokens on all
+ranks. The formula: docs/losses.md#ppo-with-a-critic-gae. Logged: `value/loss` (last epoch), `value/mean`,
+`value/explained_variance`, `value/clip_frac`, `value/grad_norm` (docs/metrics.md#value-trainer-advantage-type-gae).
 """
 
 from __future__ import annotations
@@ -58,13 +55,12 @@ class ValueTargets:
 
 def value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, count: float,
                clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's share of the clipped value loss (module docstring) and its metrics as `[sum, count]`
-    pairs (`rl.loss.reduce_metrics`): `value/loss` [0.5 sum_t err_t, n] (summed over the step: L_V) and
-    `value/clip_frac` [tokens with |V - V_old| > c, n], n = the micro-batch's trained tokens.
-
-        share = 1/N sum_{t in mask} 0.5 max((V_t - G_t)^2, (V_old_t + clip(V_t - V_old_t, -c, c) - G_t)^2)
-
-    `values` V carries the gradient; `old`, `target` (any device, float) are constants."""
+    """One micro-batch's share of the clipped value loss L_V (module docstring): its half squared error summed
+    over the micro-batch's trained tokens and divided by `count` (N, the step's trained tokens on all ranks), so the
+    shares sum to L_V; and its metrics as `[sum, count]` pairs (`rl.loss.reduce_metrics`): `value/loss` [the
+    micro-batch's summed half squared error, n] and `value/clip_frac` [tokens whose value moved more than `clip`
+    from `old`, n], n = the micro-batch's trained tokens. `values` V carries the gradient; `old`, `target` (any
+    device, float) are constants."""
     old, target = old.to(values.device, torch.float32), target.to(values.device, torch.float32)
     mask = mask.to(values.device)
     error = (values - target).square()
@@ -157,8 +153,8 @@ class SeparateCritic:
 
 def value_metrics(old_values: list[torch.Tensor], returns: list[torch.Tensor], masks: list[torch.Tensor],
                   device: torch.device) -> dict[str, float]:
-    """`value/mean` and `value/explained_variance` = 1 - Var(G - V) / Var(G) over the step's trained tokens
-    (all ranks; 0 when Var(G) = 0)."""
+    """`value/mean` and `value/explained_variance` (docs/metrics.md#value-trainer-advantage-type-gae) over the
+    step's trained tokens on all ranks; the explained variance is 0 when Var(G) = 0."""
     sums = torch.zeros(6, dtype=torch.float64)
     for v, g, m in zip(old_values, returns, masks, strict=True):
         v, g = v.double().cpu()[m.cpu()], g.double().cpu()[m.cpu()]

@@ -1,24 +1,17 @@
 """The value-head critic of the `gae` advantage type (`critic.type = "value_head"`): V on the policy itself.
 
-A linear head on the policy's final hidden state h (the input of its output embedding, lm_head):
+A linear head, w [1, H] and b, on the policy's final hidden state h (the input of its output embedding,
+lm_head) one position back (0 at every segment's first token; `model.from_previous_position`). w and b are
+float32, drawn from the seed as the separate critic's new head is (the same on every rank and run). The head is
+not part of the policy model, so the weights sent to the inference servers never hold it; it is checkpointed
+beside the policy as the separate critic is ("critic", "critic_optim").
 
-    V_t = w . h_{t-1} + b        (0 at every segment's first token; `model.from_previous_position`)
-
-w [1, H] and b are float32, drawn from the seed as the separate critic's new head is (w ~ N(0,
-initializer_range^2), b = 0; the same on every rank and run). The head is not part of the policy model,
-so the weights sent to the inference servers never hold it; it is checkpointed beside the policy as the
-separate critic is ("critic", "critic_optim").
-
-Training is joint (shared-backbone PPO): per micro-batch one backward of
-
-    L = L_policy + c_V * L_V          (c_V = `critic.value_coef`; L_V: `critic.value_loss`, the same clipped
-                                       value loss as the separate critic's, 1/N over the step's trained tokens)
-
-with h taken from the same forward that scores the policy's tokens (`model.forward_rows`, `hidden=True`).
-So the trunk's gradient is grad L_policy + c_V grad L_V (the policy's AdamW steps it), and the head's is
-c_V grad_w L_V, which `step` divides by c_V: the head's own AdamW (`critic.optim`: lr, max_norm) and
-`value/grad_norm` see grad_w L_V, as the separate critic's do. With LoRA the value gradient reaches the
-adapters (and the modules_to_save) through h.
+Training is joint (shared-backbone PPO): per micro-batch one backward of the policy loss plus `critic.value_coef`
+times the separate critic's clipped value loss (`critic.value_loss`), with h taken from the same forward that
+scores the policy's tokens (`model.forward_rows`, `hidden=True`). The head's gradient, scaled by the coefficient
+in that backward, is divided by it again in `step`, so that the head's own AdamW (`critic.optim`: lr, max_norm)
+and `value/grad_norm` see the value loss's gradient as the separate critic's do; the trunk is stepped by the
+policy's AdamW. The formulas: docs/losses.md#ppo-with-a-critic-gae.
 
 The head is replicated, not sharded: every rank holds all of it, `step` sums its gradient over the ranks
 (every rank's backward multiplied its loss share by the world size, as FSDP averages) and every rank takes

@@ -3,7 +3,7 @@
 The math is defined once, in docs/losses.md: notation, the normalizations ("Normalization"), what an
 extreme or infinite ratio does ("Robustness": `log r` clamped to +-`LOG_RATIO_BOUND` before any exp,
 tokens with an infinite ratio dropped), every variant and every metric ("Metrics", docs/metrics.md).
-This module implements it:
+This module implements it, and its docstrings point to the section of each formula instead of restating it:
 
 - `token_view(inputs)`: one packed micro-batch (`LossInputs`, flat over its T tokens) as the `TokenView`
   a variant reads, tokens outside the loss mask set to log r = 0 and A = 0 before any math;
@@ -95,7 +95,7 @@ class LossScale:
     whose tokens are all masked (a padding row, a truncated completion under `mask_truncated`)
     is not counted."""
     max_tokens: int
-    """Completion budget L (max new tokens per sample): `constant` divides by N * L."""
+    """Completion budget L (max new tokens per sample), read by the `constant` normalization."""
     num_micro_batches: int = 1
     """M of `token_local`: micro-batches of the step over all ranks with at least one trained
     token (padding micro-batches, which only even out the ranks' counts, do not count)."""
@@ -242,8 +242,8 @@ def reduce_metrics(metric_dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, fl
 
 
 LOG_RATIO_BOUND = 20.0
-"""log r is clamped to [-B, B] before exp (r in [2.1e-9, 4.9e8]): finite in float32 with room for
-sums over many tokens; the same bound as low_var_kl's clamp of d. Exact for |log r| <= B."""
+"""B, the bound log r is clamped to before any exp (docs/losses.md#robustness): finite in float32 with room
+for sums over many tokens; the same bound as low_var_kl's clamp of d. Exact for |log r| <= B."""
 
 
 @dataclass
@@ -305,13 +305,14 @@ class PolicyTerm:
     clip_high: Tensor  # [T] bool
     extra: dict[str, Tensor] = field(default_factory=dict)  # extra [sum, count] metrics
     through_ratio: bool = True
-    """The gradient reaches lp only through log r (every built-in variant but CISPO, l_t = -sg(.) A lp_t, and
-    gspo_token, exp(lp_t - sg(lp_t))): where the clamp holds log r constant (`TokenView.clamped`) the gradient
-    is 0, and so is the reported gate."""
+    """The gradient reaches lp only through log r (every built-in variant but cispo and gspo_token, whose gradient
+    reaches lp directly): where the clamp holds log r constant (`TokenView.clamped`) the gradient is 0, and so is
+    the reported gate."""
 
 
 def _shaped_advantage(cfg: Any, p: TokenView) -> Tensor:
-    """Â = adv_tau * A + teacher_tau * sg(teacher - lp) - kl_tau * sg(log r), detached."""
+    """The shaped advantage Â of `default` and `sapo`, detached, 0 off the mask
+    (docs/losses.md#default--masked-importance-sampling-aipo-prime-rls-default)."""
     adv = cfg.adv_tau * p.adv
     if cfg.teacher_tau > 0:
         if p.inputs.teacher_logprobs is None:
@@ -335,14 +336,9 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 
 @LOSSES.implements(DefaultLossConfig)
 def default_loss(cfg: DefaultLossConfig, p: TokenView) -> PolicyTerm:
-    """AIPO / masked importance sampling.
-
-    keep_t = cfg.token_mask_low <= r_t <= cfg.token_mask_high, and the sample is kept:
-             geo_mask_low <= exp(mean_t log r) <= geo_mask_high and no token has
-             r < sequence_mask_low or r > sequence_mask_high.
-    w_t    = r_t (ratio_type token) or r_seq = min(exp(min(sum_t log r, 10)), sequence_clip_high).
-    l_t    = -sg(w_t * Â_t) * lp_t on kept tokens, Â = adv_tau A + teacher_tau sg(teacher - lp) - kl_tau log r.
-    """
+    """AIPO / masked importance sampling: the REINFORCE gradient of the kept tokens with a stop-gradient
+    importance weight (the token's ratio, or the sample's capped sequence ratio); a token or a whole sample outside
+    its bounds is masked, not capped (docs/losses.md#default--masked-importance-sampling-aipo-prime-rls-default)."""
     r, lens = p.r.detach(), p.sample_lens
     log_r = p.log_r.detach()
     tok_low = p.mask & (r < cfg.token_mask_low)
@@ -370,11 +366,9 @@ def default_loss(cfg: DefaultLossConfig, p: TokenView) -> PolicyTerm:
 
 @LOSSES.implements(SapoLossConfig)
 def sapo_loss(cfg: SapoLossConfig, p: TokenView) -> PolicyTerm:
-    """SAPO: l_t = -f(r_t) Â_t, f(r) = (4/tau) sigmoid(tau (r - 1)), tau = tau_pos if Â > 0 else tau_neg.
-
-    d l_t / d lp_t = -4 p (1 - p) r Â with p = sigmoid(tau (r - 1)): the gate is differentiable
-    through r itself, so its weight relative to r Â grad lp is 4 p (1 - p) (1 at r = 1).
-    """
+    """SAPO: a sigmoid gate of r instead of a hard clip, differentiable through r itself, its temperature
+    tau_pos or tau_neg by the sign of Â; the reported gate is its gradient weight
+    (docs/losses.md#sapo--soft-adaptive-policy-optimization-arxiv-251120347)."""
     adv = _shaped_advantage(cfg, p)
     tau = torch.where(adv > 0, torch.full_like(adv, cfg.tau_pos), torch.full_like(adv, cfg.tau_neg))
     gate_p = torch.sigmoid(tau * (p.r - 1))
@@ -387,10 +381,9 @@ def sapo_loss(cfg: SapoLossConfig, p: TokenView) -> PolicyTerm:
 
 @LOSSES.implements(CispoLossConfig)
 def cispo_loss(cfg: CispoLossConfig, p: TokenView) -> PolicyTerm:
-    """CISPO: l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t lp_t (no lower bound when eps_low is None).
-
-    Every token keeps a gradient; the weight relative to r A grad lp is clip(r)/r.
-    """
+    """CISPO: every token's policy gradient with a clipped, stop-gradient importance weight (no lower bound
+    when eps_low is None), so every token keeps a gradient
+    (docs/losses.md#cispo--clipped-is-weight-policy-optimization-minimax-m1-arxiv-250613585)."""
     r = p.r.detach()
     low = None if cfg.eps_low is None else 1 - cfg.eps_low
     clipped = r.clamp(min=low, max=1 + cfg.eps_high)
@@ -403,15 +396,16 @@ def cispo_loss(cfg: CispoLossConfig, p: TokenView) -> PolicyTerm:
 
 @LOSSES.implements(VanillaLossConfig)
 def vanilla_loss(cfg: VanillaLossConfig, p: TokenView) -> PolicyTerm:
-    """Plain importance-sampled policy gradient: l_t = -r_t A_t."""
+    """Plain importance-sampled policy gradient, no clipping
+    (docs/losses.md#vanilla--importance-sampled-policy-gradient)."""
     none = torch.zeros_like(p.mask)
     return PolicyTerm(-p.r * p.adv, p.mask.to(p.r.dtype), none, none)
 
 
 def _opsm_keep(cfg: PPOClipConfig, p: TokenView) -> Tensor:
-    """[T] bool, False on the tokens OPSM drops (DeepSeek-V3.2, slime): token t of sample i
-    with A_t < 0 while the sample drifted, mean_{k in i}(lq_k - lp_k) > delta. The advantage
-    condition is per token (token-level advantages may differ in sign within a sample)."""
+    """[T] bool, False on the tokens OPSM drops (DeepSeek-V3.2, slime): its advantage condition is per
+    token (token-level advantages may differ in sign within a sample), its drift condition per sample
+    (docs/losses.md#grpo-bnpo-dr_grpo-dapo--the-clipped-ppo-surrogate)."""
     if cfg.opsm_delta is None:
         return torch.ones_like(p.mask)
     drift = segment_masked_mean(-p.log_r.detach(), p.mask, p.sample_lens)
@@ -420,13 +414,10 @@ def _opsm_keep(cfg: PPOClipConfig, p: TokenView) -> Tensor:
 
 @LOSSES.implements(GrpoLossConfig, BnpoLossConfig, DrGrpoLossConfig, DapoLossConfig)
 def ppo_clip_loss(cfg: PPOClipConfig, p: TokenView, ratio: Tensor | None = None) -> PolicyTerm:
-    """GRPO / BNPO / Dr. GRPO / DAPO (they differ in eps and normalization only):
-
-    l_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); with dual clip c, for A < 0:
-    l_t = min(l_t, -c A) (the loss is capped, r > c gets no gradient). OPSM zeroes the A_t < 0
-    tokens of samples that drifted (`_opsm_keep`).
-    The gradient is r A grad lp (weight 1) unless the clip or the dual clip is active (weight 0).
-    """
+    """GRPO / BNPO / Dr. GRPO / DAPO, which differ in eps and normalization only: the clipped PPO surrogate
+    with the optional dual clip and OPSM (`_opsm_keep`). A token's gate is 1, or 0 where a clip, the dual clip or
+    OPSM removes its gradient; `ratio` replaces `p.r`
+    (docs/losses.md#grpo-bnpo-dr_grpo-dapo--the-clipped-ppo-surrogate)."""
     r = p.r if ratio is None else ratio
     adv = p.adv
     lo, hi = 1 - cfg.eps_low, 1 + cfg.eps_high
@@ -435,7 +426,7 @@ def ppo_clip_loss(cfg: PPOClipConfig, p: TokenView, ratio: Tensor | None = None)
     clip_low = p.mask & (adv < 0) & (rd < lo)
     clip_high = p.mask & (adv > 0) & (rd > hi)
     if cfg.dual_clip_c is not None:
-        # For A < 0: objective max(min(rA, clip(r)A), cA) -> the loss never exceeds -c A.
+        # Dual clip: floor the surrogate of a negative-advantage token, which caps its loss.
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, cfg.dual_clip_c * adv), surrogate)
         clip_high = clip_high | (p.mask & (adv < 0) & (rd > cfg.dual_clip_c))
     keep = _opsm_keep(cfg, p)
@@ -452,12 +443,9 @@ def ppo_clip_loss(cfg: PPOClipConfig, p: TokenView, ratio: Tensor | None = None)
 
 @LOSSES.implements(GspoLossConfig, GspoTokenLossConfig)
 def gspo_loss(cfg: GspoLossConfig, p: TokenView) -> PolicyTerm:
-    """GSPO: s_i = exp(mean_{t in i} log r_t) (gradient flows through it), per token
-    l_t = -min(s_i A_t, clip(s_i, 1 - eps_low, 1 + eps_high) A_t).
-
-    gspo_token: s_it = sg(s_i) * exp(lp_t - sg(lp_t)) (same value, gradient per token).
-    Summed over sample i, the gradient w.r.t. lp_t is -s_i A (unclipped): weight s_i / r_t.
-    """
+    """GSPO: the clipped surrogate on each sample's sequence ratio s_i, the gradient flowing through s_i;
+    gspo_token: the same value with a per-token gradient path. The reported gate is s_i / r_t unclipped, 0 clipped
+    (docs/losses.md#gspo-gspo_token--group-sequence-policy-optimization-arxiv-250718071)."""
     seq_log = segment_masked_mean(p.log_r, p.mask, p.sample_lens)
     s = broadcast_to_tokens(torch.exp(seq_log), p.sample_lens)
     if isinstance(cfg, GspoTokenLossConfig):
@@ -475,16 +463,10 @@ def gspo_loss(cfg: GspoLossConfig, p: TokenView) -> PolicyTerm:
 
 @LOSSES.implements(FipoLossConfig)
 def fipo_loss(cfg: FipoLossConfig, p: TokenView) -> PolicyTerm:
-    """FIPO: l_t = f_t * l_t^DAPO with the future influence
-    f_t = clip(exp(sum_{k >= t} gamma^(k - t) log r_k), 1 - eps_f, 1 + eps_f) over the sample's
-    trained tokens (detached unless detach_influence = false). Clipping happens on the exponent,
-    which is the same value and cannot overflow.
-
-    k - t counts trained tokens, not positions (ms-swift counts positions): the tokens between
-    two trained tokens of a multi-turn sample are the environment's (tool output, user turns),
-    not decisions of the policy, and have no log ratio, so they neither contribute nor decay
-    the influence. For a single-turn completion (contiguous trained tokens) both agree.
-    """
+    """FIPO: the DAPO loss (`ppo_clip_loss`) weighted per token by the future influence f_t, a clipped,
+    discounted sum of the sample's later log ratios over its trained tokens only (`reverse_discounted_sum`; the clip
+    acts on the exponent, so nothing overflows), detached unless detach_influence = false
+    (docs/losses.md#fipo--future-kl-influence-policy-optimization)."""
     future = reverse_discounted_sum(p.log_r, p.mask, p.sample_lens, cfg.gamma)
     influence = torch.exp(future.clamp(math.log(1 - cfg.eps_f), math.log(1 + cfg.eps_f)))
     if cfg.detach_influence:
@@ -505,9 +487,9 @@ def _moments(p: TokenView) -> Tensor:
 
 
 def _log_ratio_variance(p: TokenView) -> float:
-    """Unbiased variance of log r over the step's trained tokens, from the step's moments
-    `[S1, S2, n]` (`LossScale.log_ratio_moments`; this call's own when absent):
-    sigma2 = (S2 - S1^2 / n) / (n - 1), 0 when n < 2 (float64 sums, a Python float)."""
+    """sigma2 of is_reshape, the unbiased variance of log r over the step's trained tokens, from the
+    step's moments (`LossScale.log_ratio_moments`; this call's own when absent); 0 when n < 2 (float64 sums, a
+    Python float). The formula: docs/losses.md#is_reshape--rényi-importance-sampling-reshape."""
     moments = p.log_ratio_moments
     s1, s2, n = moments if moments is not None else _moments(p).tolist()
     sigma2 = (s2 - s1 * s1 / n) / (n - 1) if n > 1 else 0.0
@@ -516,16 +498,11 @@ def _log_ratio_variance(p: TokenView) -> float:
 
 @LOSSES.implements(IsReshapeLossConfig)
 def is_reshape_loss(cfg: IsReshapeLossConfig, p: TokenView) -> PolicyTerm:
-    """Rényi IS reshape: l_t = -w_g A with w_g = exp(gamma_t log w_t), log w = lp - lq and
-
-    sigma2       = unbiased variance of log w over the STEP's trained tokens (all micro-batches and
-                   ranks, `_log_ratio_variance`; detached), so the loss does not depend on the split
-    gamma_base   = min(1, sqrt(-log(rho_min) / sigma2))   (1 when sigma2 = 0)
-    gamma_target = sigmoid(-T log w),  P = sigmoid(A log w / tau)
-    gamma        = sg(max(gamma_min, gamma_base + (gamma_target - gamma_base) P))
-    w_g          = min(w_g, clip_threshold) when clip_weight.
-    The gradient w.r.t. lp is -gamma w_g A: weight gamma w_g / r (0 where the cap is active).
-    """
+    """Rényi IS reshape: the importance weight raised to a detached per-token exponent gamma, set from the
+    variance of log r over the STEP's trained tokens (all micro-batches and ranks, `_log_ratio_variance`, so the loss
+    does not depend on the split) and from the token's advantage and ratio; capped at clip_threshold with
+    clip_weight. The reported gate is 0 where the cap is active
+    (docs/losses.md#is_reshape--rényi-importance-sampling-reshape)."""
     log_w = p.log_r
     lw = log_w.detach()
     sigma2 = _log_ratio_variance(p)
@@ -594,14 +571,9 @@ def custom_loss(cfg: CustomLossConfig, p: TokenView) -> PolicyTerm:
 
 
 def kl_estimate(lp: Tensor, ref: Tensor, kl_type: str) -> Tensor:
-    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta, with d = lp - ref:
-
-    k1 = d, k2 = d^2 / 2,
-    k3 = exp(-d) + d - 1 for d >= -B (B = LOG_RATIO_BOUND = 20); below -B, exp(-d) is continued by
-         its tangent at -B, e^B (1 - (d + B)), so value and gradient (1 - e^B) stay finite for every
-         finite d (exp(-d) overflows float32 for d < -88),
-    low_var_kl = clamp(k3 with d clamped to [-20, 20], -10, 10) (verl's low_var_kl).
-    """
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta, on d = lp - ref, by `kl_type`: k1,
+    k2, k3 (its exp continued linearly below d = -LOG_RATIO_BOUND, so value and gradient stay finite for every finite
+    d) or verl's low_var_kl (clamped). The formulas: docs/losses.md#regularizers-every-type."""
     d = lp - ref
     if kl_type == "k1":
         return d
@@ -617,8 +589,8 @@ def kl_estimate(lp: Tensor, ref: Tensor, kl_type: str) -> Tensor:
 
 
 def _regularizers(cfg: Any, p: TokenView, metrics: dict[str, Tensor]) -> Tensor:
-    """kl_coef * KL(lp, ref) - entropy_coef * entropy per token; records loss/kl_ref, loss/entropy,
-    and loss/teacher_kl = mean(lp - teacher) when the batch has teacher logprobs."""
+    """The per-token term of the regularizers, KL penalty and entropy bonus (docs/losses.md#regularizers-every-type);
+    records loss/kl_ref, loss/entropy, and loss/teacher_kl when the batch has teacher logprobs."""
     extra = torch.zeros_like(p.lp)
     inputs = p.inputs
     if cfg.kl_coef > 0:
@@ -636,8 +608,7 @@ def _regularizers(cfg: Any, p: TokenView, metrics: dict[str, Tensor]) -> Tensor:
     elif cfg.entropy_coef > 0:
         raise ConfigError(f"loss.entropy_coef = {cfg.entropy_coef} > 0 but the trainer supplied no entropies")
     if inputs.teacher_logprobs is not None:
-        # k1 estimate of KL(pi_theta || teacher) on the sampled tokens (the source material logs
-        # the opposite sign, teacher - lp, the per-token signal that teacher_tau adds to A).
+        # loss/teacher_kl: the k1 estimate of KL(pi_theta || teacher), sign as in docs/losses.md#on-policy-distillation.
         teacher = p.off_mask_zero(inputs.teacher_logprobs.to(p.lp.dtype))
         metrics["loss/teacher_kl"] = _metric(p.lp - teacher, p.mask)
     return extra
@@ -649,8 +620,8 @@ def _regularizers(cfg: Any, p: TokenView, metrics: dict[str, Tensor]) -> Tensor:
 
 
 def normalize(per_token: Tensor, trained: Tensor, sample_lens: Tensor, normalization: str, scale: LossScale) -> Tensor:
-    """This micro-batch's share of the step loss (see the module docstring); `trained` is the
-    loss_mask, the tokens the step's denominators count."""
+    """This micro-batch's share of the step loss under `normalization` (docs/losses.md#normalization); `trained`
+    is the loss_mask, the tokens the step's denominators count."""
     if normalization == "token":
         return per_token.sum() / max(scale.total_loss_tokens, 1)
     if normalization == "sequence":
@@ -667,10 +638,8 @@ _CONFIG_ADAPTER: TypeAdapter[Any] = TypeAdapter(LossConfig)
 
 
 def parse_loss_config(config: Any) -> Any:
-    """A loss config model, or a dict like {"type": "sapo", "tau_pos": 1.0} validated the same way."""
-    if isinstance(config, Mapping):
-        return _CONFIG_ADAPTER.validate_python(dict(config))
-    return _CONFIG_ADAPTER.validate_python(config)
+    """A loss config model, or a dict like {"type": "sapo", "tau_pos": 1.0} validated as `[loss]` is."""
+    return _CONFIG_ADAPTER.validate_python(dict(config) if isinstance(config, Mapping) else config)
 
 
 class Loss:
