@@ -120,7 +120,8 @@ def test_the_circle_check_sees_imports_under_type_checking_and_in_functions(tmp_
 def test_only_run_dir_spells_run_directory_names():
     names = {run_dir.CONFIGS, run_dir.ROLLOUTS, run_dir.WEIGHTS, run_dir.CHECKPOINTS, run_dir.LOGS, run_dir.METRICS,
              run_dir.METRICS_PLOT, run_dir.MARKER, run_dir.RUN_LOCK, run_dir.NODES, run_dir.SLURM,
-             run_dir.TRANSFER_MARKER}
+             run_dir.TRANSFER_MARKER, run_dir.TRAINER_META, run_dir.SLURM_SCRIPT, run_dir.SLURM_CONFIG}
+    # Not ORCHESTRATOR_STATE: "state.json" is also a file of a Hugging Face data set saved to disk (`envs/data_files`).
     found = [f"{path.relative_to(SRC)}:{node.lineno} {node.value!r}"
              for path, tree in modules() if path.name != "run_dir.py"
              for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in names]

@@ -62,13 +62,23 @@ TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
 NODES = "nodes"  # a split run's server nodes (`node_dir`): not a run artifact
 TRANSFER_MARKER = "transfer.json"  # weights/step_N/transfer.json: step N went over the distributed group
-SLURM = "slurm-job"  # `rl --slurm.nodes N`'s job script, its config and output (`slurm_dir`): not a run artifact
+TRAINER_META = "meta.json"  # checkpoints/step_N/trainer/meta.json: step, scheduler, identity (`trainer_ckpt`)
+ORCHESTRATOR_STATE = "state.json"  # checkpoints/step_N/orchestrator/state.json: where drawing resumes
+# Every checkpoint part's manifest.json is named by its format (`utils/checksums.MANIFEST`, a leaf helper).
+SLURM = "slurm-job"
+SLURM_SCRIPT = "rl.sbatch"  # slurm-job/rl.sbatch and the config it runs, slurm-job/rl.toml
+SLURM_CONFIG = "rl.toml"  # `rl --slurm.nodes N`'s job script, its config and output (`slurm_dir`): not a run artifact
 
 RUN_ARTIFACTS = (ROLLOUTS, WEIGHTS, CHECKPOINTS, LOGS, CONFIGS, WANDB, METRICS, f"{METRICS}.lock", METRICS_PLOT)
 """What a run writes in its output directory besides the marker (what `rl --overwrite` deletes)."""
 
 _TEMPORARY = re.compile(r"^\..+\.tmp$")
 """Names `atomic_path`/`atomic_dir`/the checkpoint writers give to what they have not finished."""
+
+
+def trainer_rng_file(part: Path, rank: int) -> Path:
+    """`checkpoints/step_N/trainer/rank_R.json`: rank R's RNG states (`part`: the trainer's checkpoint part)."""
+    return Path(part) / f"rank_{rank}.json"
 
 
 def run_lock_file(output_dir: Path) -> Path:

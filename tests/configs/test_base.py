@@ -15,16 +15,21 @@ def test_with_values_copies_along_each_path_and_leaves_the_original_alone():
     filled = with_values(config, {"inference.port": 9100, "inference.vllm.dtype": "half", "max_steps": 7})
     assert (filled.inference.port, filled.inference.vllm.dtype, filled.max_steps) == (9100, "half", 7)
     assert config.model_dump() == before
-    assert filled.trainer is config.trainer  # a section no key reaches is shared, not copied
+    filled.trainer.optim.lr = 0.5  # the copy shares no section with the original
+    assert config.trainer.optim.lr != 0.5
     # Derived values do not count as set by the user; what the user set still does.
     assert "port" in filled.inference.model_fields_set and "dtype" not in filled.inference.vllm.model_fields_set
     assert "max_steps" not in filled.model_fields_set
 
 
-def test_with_values_refuses_a_key_set_both_whole_and_in_part():
+def test_with_values_refuses_what_it_cannot_set():
     config = RLConfig.build()
     with pytest.raises(ValueError, match=r"\['inference'\] set both as a whole and in part"):
         with_values(config, {"inference": config.inference, "inference.port": 1})
+    with pytest.raises(ValueError, match="RLConfig.orchestrator has no field 'trainer_world_sise'"):  # a typo
+        with_values(config, {"orchestrator.trainer_world_sise": 7})
+    with pytest.raises(ValueError, match="RLConfig.teacher is None, not a section"):
+        with_values(config, {"teacher.base_url": "http://127.0.0.1:1/v1"})
 
 
 def test_rl_hands_its_shared_keys_down_on_build_without_counting_them_as_set():

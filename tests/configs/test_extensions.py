@@ -1,4 +1,4 @@
-"""`configs.registry.Registry` and `envs.register_env`: what a registration may and may not do."""
+"""`configs.extensions.Registry` and `envs.register_env`: what a registration may and may not do."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ def test_implementations_register_on_first_use_and_drift_names_the_missing(regis
     assert reg.drift() == ["thing 'b' has a config and no implementation"]
     with pytest.raises(ValueError, match=r"unknown thing 'c' \(known: a, b\)"):
         reg.implementation("c")
+    # A config whose implementing module nobody imports: said so, not "unknown" beside its own name.
+    with pytest.raises(ValueError, match=f"thing 'b' has a config but no implementation: .* imported by {MODULE}$"):
+        reg.implementation("b")
 
 
 def test_a_module_that_failed_half_way_can_be_imported_again(registry):
@@ -90,6 +93,17 @@ def test_the_union_is_the_registered_classes_and_closes_the_registry():
         adapter.validate_python({"type": "c"})
     with pytest.raises(ValueError, match="registered after its config union was built"):
         reg.config(config_class("c"))
+
+
+def test_a_section_without_a_type_is_the_registrys_default_type():
+    reg = Registry("thing", implemented_in=MODULE, default="b")
+    a, b = reg.config(config_class("a")), reg.config(config_class("b"))
+    adapter = TypeAdapter(reg.union())
+    assert type(adapter.validate_python({})) is b and type(adapter.validate_python({"type": "a"})) is a
+    plain = Registry("thing", implemented_in=MODULE)
+    plain.config(config_class("a"))
+    with pytest.raises(ValidationError, match="Unable to extract tag"):  # without a default, the type is needed
+        TypeAdapter(plain.union()).validate_python({})
 
 
 def test_what_a_scope_registers_is_unregistered_when_it_ends_and_may_be_registered_again():

@@ -92,10 +92,10 @@ def test_a_new_type_computed_in_the_trainer_is_refused_by_the_filters_in_one_lin
 
 
 def test_the_old_names_of_the_kl_in_the_reward_are_refused_in_one_line():
-    for key in ("kl-in-reward", "kl-coef"):
+    for typed in (["--advantage.type", "rloo"], []):  # without a type: the default type's section
         with pytest.raises(ConfigError) as caught:
-            build_config(OrchestratorConfig, ["--advantage.type", "rloo", f"--advantage.{key}",
-                                              "0.1" if key == "kl-coef" else "k3"])
-        assert "is now reward_kl." in str(caught.value) and "\n" not in str(caught.value)
+            build_config(OrchestratorConfig, [*typed, "--advantage.kl-in-reward", "k3", "--advantage.kl-coef", "0.1"])
+        assert "kl_in_reward is now reward_kl.estimator, kl_coef is now reward_kl.coef" in str(caught.value)
+        assert "\n" not in str(caught.value)
     config, _ = build_config(OrchestratorConfig, ["--advantage.type", "grpo", "--advantage.reward-kl.estimator", "k3"])
     assert config.advantage.reward_kl.coef == 0.01 and config.advantage.batch_fields == ("sample_groups",)

@@ -164,6 +164,8 @@ class DocShell:
                 extras.append(argv[1])
                 argv = argv[2:]
         check_extras(extras)
+        if not argv:
+            raise CommandFailed("`uv run` names no program (a quoted fragment of a command is not a command)")
         program = Path(argv[0]).name
         argv = [program, *argv[1:]]
         if program == "torchrun":

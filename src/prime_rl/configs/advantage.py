@@ -32,7 +32,7 @@ from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.extensions import Registry
 from prime_rl.utils.imports import import_callable
 
-ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.advantages")
+ADVANTAGES: Registry[Any] = Registry("advantage", implemented_in="prime_rl.advantages", default="grpo")
 
 ComputedIn = Literal["orchestrator", "trainer"]
 TrainerStep = Literal["tokens", "groups"] | None
@@ -59,7 +59,7 @@ class RewardKlConfig(BaseConfig):
 
 
 class AdvantageBase(BaseConfig):
-    """The base of every advantage config (a type defined outside prime-rl subclasses it too)."""
+    """The base of every advantage config (a function outside prime-rl is a `custom` type's `import_path`)."""
 
     computed_in: ClassVar[ComputedIn] = "orchestrator"
     """Where the type's function runs: "orchestrator" from the rewards of each prompt's group (the batch carries
@@ -77,11 +77,11 @@ class AdvantageBase(BaseConfig):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        old = sorted(key for key in RENAMED if key in data and key not in cls.model_fields) \
-            if isinstance(data, dict) else []
+        old = [key for key in RENAMED if key in data and key not in cls.model_fields] if isinstance(data, dict) else []
         if old:
-            raise ValueError(f"{old[0]} is now {RENAMED[old[0]]}: write [orchestrator.advantage.reward_kl] with "
-                             "estimator and coef (named apart from loss.kl_coef, the loss's regularizer)")
+            renames = ", ".join(f"{key} is now {RENAMED[key]}" for key in old)
+            raise ValueError(f"{renames} (the KL in the reward has its own section, "
+                             "[orchestrator.advantage.reward_kl], named apart from loss.kl_coef, the loss's regularizer)")
         return data
 
     def arguments(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ Use `prime_rl.configs.cli.parse_config(MyConfig, argv)` to build one from the co
 
 A config is made in two steps: validation (each field, then `check_consistency`: rules across keys, which only
 check), then derivation (`derived`: the values that follow from others, filled in on a copy by `with_values`).
-`build` does both; nothing assigns to a config after it.
+`build` does both; prime-rl's code never assigns to a config after it (an assignment is validated again, not derived
+again).
 """
 
 from __future__ import annotations
@@ -52,14 +53,21 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def with_values(model: M, values: Mapping[str, Any]) -> M:
-    """A copy of `model` with each dotted key of `values` (`inference.port`) set, the sections along each path
-    copied too; `model` itself is never changed, and sections no key reaches are shared with it. The values are
-    derived ones: not validated again (whoever derives them is their check) and not counted as set by the user
-    (`model_fields_set` stays as it was, so a later rule on what the user set still sees only that)."""
+    """A deep copy of `model` with each dotted key of `values` (`inference.port`) set; `model` itself is never
+    changed, and the copy shares no section with it. Each key must name a field (a section on the way must not be
+    none). The values are derived ones: not validated again (whoever derives them is their check) and not counted as
+    set by the user (`model_fields_set` stays as it was, so a later rule on what the user set still sees only
+    that)."""
+    return _with_values(model.model_copy(deep=True), values, type(model).__name__)
+
+
+def _with_values(model: M, values: Mapping[str, Any], where: str) -> M:
     nested: dict[str, dict[str, Any]] = {}
     update: dict[str, Any] = {}
     for key, value in values.items():
         head, _, rest = key.partition(".")
+        if head not in type(model).model_fields:
+            raise ValueError(f"with_values: {where} has no field {head!r}")
         if rest:
             nested.setdefault(head, {})[rest] = value
         else:
@@ -67,7 +75,11 @@ def with_values(model: M, values: Mapping[str, Any]) -> M:
     clash = nested.keys() & update.keys()
     if clash:
         raise ValueError(f"with_values: {sorted(clash)} set both as a whole and in part")
-    update |= {head: with_values(getattr(model, head), sub) for head, sub in nested.items()}
+    for head, sub in nested.items():
+        section = getattr(model, head)
+        if not isinstance(section, BaseModel):
+            raise ValueError(f"with_values: {where}.{head} is {section!r}, not a section to set keys in")
+        update[head] = _with_values(section, sub, f"{where}.{head}")
     copy = model.model_copy(update=update)
     copy.model_fields_set.difference_update(update.keys() - model.model_fields_set)
     return copy

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Generic, TypeVar, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 Impl = TypeVar("Impl")
 C = TypeVar("C", bound=type[BaseModel])
@@ -50,9 +50,12 @@ def registered_name(config_cls: type[BaseModel]) -> str:
 class Registry(Generic[Impl]):
     """name -> (config class, implementation) for one extension point (see the module docstring)."""
 
-    def __init__(self, kind: str, implemented_in: str):
+    def __init__(self, kind: str, implemented_in: str, default: str | None = None):
         self.kind = kind
         self.implemented_in = implemented_in
+        self.default = default
+        """The name a section without `type` selects (the section's own default type), so `[loss] kl_coef = 0.1`
+        alone means the default loss with that key, not an error about a missing tag."""
         self.configs: dict[str, type[BaseModel]] = {}
         self._implementations: dict[str, Impl] = {}
         self._union_built = False
@@ -94,12 +97,24 @@ class Registry(Generic[Impl]):
         try:
             return self._implementations[name]
         except KeyError:
+            if name in self.configs:
+                raise ValueError(f"{self.kind} '{name}' has a config but no implementation: the module that registers "
+                                 f"it must be imported by {self.implemented_in}") from None
             raise ValueError(f"unknown {self.kind} '{name}' (known: {', '.join(self.names)})") from None
 
     def union(self) -> Any:
-        """The pydantic type of a config section of this kind: the registered classes, told apart by `type`."""
+        """The pydantic type of a config section of this kind: the registered classes, told apart by `type` (a
+        section without one: `default`'s)."""
         self._union_built = True
-        return Annotated[Union[tuple(self.configs.values())], Field(discriminator="type")]  # noqa: UP007
+        union = Annotated[Union[tuple(self.configs.values())], Field(discriminator="type")]  # noqa: UP007
+        if self.default is None:
+            return union
+        default = self.default
+
+        def default_type(value: Any) -> Any:
+            return {"type": default, **value} if isinstance(value, dict) and "type" not in value else value
+
+        return Annotated[union, BeforeValidator(default_type)]
 
     def unregister(self, name: str) -> None:
         """Remove `name`'s config class and implementation (an extension registered for a while, such as a test's).

@@ -18,7 +18,7 @@ from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.extensions import Registry
 from prime_rl.utils.imports import import_callable
 
-LOSSES: Registry[Any] = Registry("loss", implemented_in="prime_rl.trainer.rl.losses")
+LOSSES: Registry[Any] = Registry("loss", implemented_in="prime_rl.trainer.rl.losses", default="default")
 
 Normalization = Literal["token", "sequence", "token_local", "constant"]
 KLType = Literal["k1", "k2", "k3", "low_var_kl"]

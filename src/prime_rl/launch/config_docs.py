@@ -69,8 +69,8 @@ such as `PRIME_MAX_STEPZ`, or an unknown key inside a section such as `PRIME_TRA
 and otherwise ignored with a one-line warning (the prefix is shared with other tools).
 
 `rl` owns the shared keys (`model`, `output_dir`, `max_steps`, `seq_len`, `seed`, `wandb`,
-`max_async_level`, `loss`, `ckpt`) and hands them to every component that has them; a component
-section that sets one of them to a different value is an error. `loss` is a discriminated union
+`max_async_level`, `loss`, `ckpt`, `teacher`, `weight_transfer`) and hands them to every component that has them;
+a component section that sets one of them to a different value is an error. `loss` is a discriminated union
 on `type`: the keys listed with `[loss.type=X]` belong to variant `X` (see [losses.md](losses.md)).
 """
 

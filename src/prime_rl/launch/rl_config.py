@@ -1,9 +1,9 @@
 """The composite config of `rl`: shared keys plus the three component configs.
 
 `rl` owns the shared keys (`model`, `output_dir`, `max_steps`, `seq_len`, `seed`,
-`wandb`, `max_async_level`, `loss`, `ckpt`, `teacher`) and hands each one down to every component
-config that has it. A component that sets a shared key itself must agree with `rl`'s
-value; a different value is an error, never a silent override.
+`wandb`, `max_async_level`, `loss`, `ckpt`, `teacher`, `weight_transfer`) and hands each one down to every
+component config that has it (`RLConfig.derived_values`, on a copy). A component that sets a shared key itself
+must agree with `rl`'s value; a different value is an error, never a silent override.
 """
 
 from __future__ import annotations

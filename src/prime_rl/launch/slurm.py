@@ -19,11 +19,8 @@ from pathlib import Path
 from prime_rl import run_lock
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.launch.rl_config import RLConfig
-from prime_rl.run_dir import config_file, slurm_dir
+from prime_rl.run_dir import SLURM_CONFIG, SLURM_SCRIPT, config_file, slurm_dir
 from prime_rl.utils.errors import ConfigError
-
-SCRIPT = "rl.sbatch"
-CONFIG = "rl.toml"
 
 
 class Expand(str):
@@ -113,11 +110,11 @@ def write_script(config: RLConfig) -> Path:
     the sbatch script running it; returns the script."""
     check(config)
     directory = Path(config.slurm.dir or slurm_dir(config.output_dir)).absolute()
-    config_path = directory / CONFIG
+    config_path = directory / SLURM_CONFIG
     recorded = config.recorded()
     del recorded["slurm"]
     write_toml(config_path, recorded)
-    script = directory / SCRIPT
+    script = directory / SLURM_SCRIPT
     script.write_text(render(config, config_path))
     script.chmod(0o755)
     return script

@@ -15,13 +15,11 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_rl.run_dir import ORCHESTRATOR, TRAINER, checkpoint_dir, prune_checkpoints
+from prime_rl.run_dir import ORCHESTRATOR, ORCHESTRATOR_STATE, TRAINER, checkpoint_dir, prune_checkpoints
 from prime_rl.utils.checksums import verify_manifest, write_manifest
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.fs import atomic_dir
 from prime_rl.utils.json_state import python_rng_from_json, python_rng_to_json
-
-STATE_FILE = "state.json"
 
 
 @dataclass
@@ -58,7 +56,7 @@ def save_state(output_dir: Path, state: OrchestratorState, keep: int | None = No
     """Write `checkpoints/step_N/orchestrator/` and apply the run's retention rule (`run_dir`)."""
     target = checkpoint_dir(output_dir, state.step, ORCHESTRATOR)
     with atomic_dir(target) as tmp:
-        (tmp / STATE_FILE).write_text(state.to_json())
+        (tmp / ORCHESTRATOR_STATE).write_text(state.to_json())
         write_manifest(tmp)
     prune_checkpoints(output_dir, keep, parts=(TRAINER, ORCHESTRATOR))  # it never runs without a trainer
     return target
@@ -69,7 +67,7 @@ def load_state(output_dir: Path, step: int) -> OrchestratorState:
     otherwise."""
     directory = checkpoint_dir(output_dir, step, ORCHESTRATOR)
     verify_manifest(directory)
-    path = directory / STATE_FILE
+    path = directory / ORCHESTRATOR_STATE
     try:
         state = OrchestratorState.from_json(path.read_text())
         if state.rng_state is not None:

@@ -57,7 +57,7 @@ def value_loss(values: torch.Tensor, old: torch.Tensor, target: torch.Tensor, ma
                clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's share of the clipped value loss L_V (module docstring): its half squared error summed
     over the micro-batch's trained tokens and divided by `count` (N, the step's trained tokens on all ranks), so the
-    shares sum to L_V; and its metrics as `[sum, count]` pairs (`rl.loss.reduce_metrics`): `value/loss` [the
+    shares sum to L_V; and its metrics as `[sum, count]` pairs (`rl.losses.reduce_metrics`): `value/loss` [the
     micro-batch's summed half squared error, n] and `value/clip_frac` [tokens whose value moved more than `clip`
     from `old`, n], n = the micro-batch's trained tokens. `values` V carries the gradient; `old`, `target` (any
     device, float) are constants."""

@@ -40,7 +40,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from prime_rl.models.lora_adapter import is_saved_module
-from prime_rl.run_dir import TRAINER, checkpoint_dir, prune_checkpoints
+from prime_rl.run_dir import TRAINER, TRAINER_META, checkpoint_dir, prune_checkpoints, trainer_rng_file
 from prime_rl.trainer import safe_dcp
 from prime_rl.trainer.lora import check_resume
 from prime_rl.utils.checksums import CorruptCheckpoint, verify_manifest, write_manifest
@@ -53,7 +53,6 @@ from prime_rl.utils.json_state import (
     tensor_rng_to_json,
 )
 
-META = "meta.json"
 CRITICS = {None: "no critic", "separate": "a separate critic (critic.type 'separate')",
            "value_head": "a value head (critic.type 'value_head')"}
 
@@ -69,10 +68,6 @@ TRAINABLE = StateDictOptions(ignore_frozen_params=True)  # frozen (LoRA base) we
 
 def ckpt_dir(output_dir: Path, step: int) -> Path:
     return checkpoint_dir(output_dir, step, TRAINER)
-
-
-def rank_file(directory: Path, rank: int) -> Path:
-    return Path(directory) / f"rank_{rank}.json"
 
 
 def _rng_state() -> dict:
@@ -130,9 +125,9 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
         tmp.mkdir(parents=True)
     dist.barrier()
     dcp.save(_state(model, optimizer, identity, critic), checkpoint_id=str(tmp))
-    rank_file(tmp, rank).write_text(rng)
+    trainer_rng_file(tmp, rank).write_text(rng)
     if rank == 0:
-        (tmp / META).write_text(meta)
+        (tmp / TRAINER_META).write_text(meta)
     dist.barrier()
     if rank == 0:
         write_manifest(tmp)
@@ -165,11 +160,11 @@ def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
     directory = ckpt_dir(output_dir, step)
     _verify(directory)
     try:
-        meta = json.loads((directory / META).read_text())
+        meta = json.loads((directory / TRAINER_META).read_text())
         if not isinstance(meta, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load checkpoint {directory}: {META}: {exc}") from None
+        raise UserError(f"cannot load checkpoint {directory}: {TRAINER_META}: {exc}") from None
     saved = meta.get("model") or {"lora": None}
     check_resume(saved, identity or {"lora": None}, str(directory))
     was, now = critic_kind(saved), critic_kind(identity or {})
@@ -189,9 +184,9 @@ def load_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
             set_state_dict(critic.model, critic.optimizer, model_state_dict=state["critic"],
                            optim_state_dict=state["critic_optim"], options=options)
         if meta["step"] != step:
-            raise ValueError(f"{META} is of step {meta['step']}")
+            raise ValueError(f"{TRAINER_META} is of step {meta['step']}")
         scheduler.load_state_dict(meta["scheduler"])
-        own = rank_file(directory, dist.get_rank())
+        own = trainer_rng_file(directory, dist.get_rank())
         if own.exists():  # absent when resuming on more ranks than saved: fresh RNG there
             _set_rng_state(json.loads(own.read_text()))
         return meta["extra"]

@@ -1,6 +1,6 @@
 """Regression tests of the loss library at its edges (each failed on the code before its fix): overflowing and
 infinite ratios, bounded and finite metrics, per-token OPSM, `bnpo` = TRL's sum(l) / sum(T) over the step,
-`token_local` ignores padding micro-batches, `loss/teacher_kl`. The step statistics of `is_reshape`: test_loss.py's
+`token_local` ignores padding micro-batches, `loss/teacher_kl`. The step statistics of `is_reshape`: test_losses.py's
 split test and test_loss_trainer_step.py."""
 
 from __future__ import annotations
