@@ -80,8 +80,8 @@ class AdvantageBase(BaseConfig):
         old = [key for key in RENAMED if key in data and key not in cls.model_fields] if isinstance(data, dict) else []
         if old:
             renames = ", ".join(f"{key} is now {RENAMED[key]}" for key in old)
-            raise ValueError(f"{renames} (the KL in the reward has its own section, "
-                             "[orchestrator.advantage.reward_kl], named apart from loss.kl_coef, the loss's regularizer)")
+            raise ValueError(f"{renames} (the KL in the reward has its own section, [orchestrator.advantage."
+                             "reward_kl], named apart from loss.kl_coef, the loss's regularizer)")
         return data
 
     def arguments(self) -> dict[str, Any]:
