@@ -1,0 +1,166 @@
+"""An agent's calls within one rollout session, stitched into training segments, token-exact.
+
+An agent that owns its loop sends the whole conversation with every chat call. The session renders nothing it
+already holds: for each call (`begin_call`) it decides whether the call extends the session's current segment, and
+hands back the token ids to generate from; the reply the policy sampled is then recorded (`end_call`) with the
+assistant message the session returned for it.
+
+Extending. Call k + 1 extends the segment of call k when it has the same tools and its messages are call k's
+messages, then call k's assistant message exactly as the session returned it, then only messages that are not the
+assistant's (tool results, a user turn; possibly none). Its prompt is then
+
+    prompt ids of the segment + every id after them so far + the template tail of the new messages
+
+(`ChatTokens.reply_ids`: the end of the sampled turn, the new messages, the next generation prompt), so every id
+before the tail is exactly what the server sampled (mask 1, its logprobs and weight steps) or a tail rendered
+once (mask 0, logprob 0), as multi-turn environments do (`orchestrator/conversation.py`).
+
+Forking. Anything else starts a new segment from a fresh rendering of the call's messages, and the segment before
+it stays a training sample of its own: the trainer never sees ids the policy did not sample under the prompt it
+sampled them from. The reasons, counted in `forks`:
+
+    retry          the same messages as an earlier call of the segment (the agent or its SDK asked again)
+    history_edit   a message before the last reply changed or went away (a summary, a rewritten tool result)
+    reply_edit     the last reply is replayed differently (its reasoning dropped, as Qwen3's template does; its
+                   text or tool calls changed); an assistant message the policy did not sample is one too
+    tools          another tool list
+
+Messages are compared as the chat template sees them (`canonical`): role, text (a null content or a list of text
+parts is text), reasoning (`reasoning_content` or `reasoning`), tool calls (id, name, arguments as JSON values, so
+`{"a": 1}` and `'{"a":1}'` are one call), `tool_call_id`, `name`; what an SDK adds besides (`refusal: null`,
+`annotations`) does not count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from prime_rl.chat.template_tokens import ChatTokens
+from prime_rl.orchestrator.client import RolloutCompletion
+
+FORK_REASONS = ("retry", "history_edit", "reply_edit", "tools")
+
+
+def _text(content: Any) -> str:
+    """A message's content as text: None is "", a list of parts is its text parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def _arguments(arguments: Any) -> Any:
+    """A tool call's arguments as JSON values (a JSON string is parsed; other text stays as it is)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def canonical(message: dict[str, Any]) -> tuple:
+    """What of `message` the chat template renders, comparable (module docstring)."""
+    calls = tuple((call.get("id"), call.get("function", {}).get("name"),
+                   json.dumps(_arguments(call.get("function", {}).get("arguments")), sort_keys=True))
+                  for call in message.get("tool_calls") or ())
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    return (message.get("role"), _text(message.get("content")), reasoning, calls, message.get("tool_call_id"),
+            message.get("name"))
+
+
+@dataclass
+class Segment:
+    """One training sample of a rollout: the prompt of its first call and every id after it."""
+
+    prompt_ids: list[int]
+    tools: list[dict[str, Any]] | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    weight_steps: list[int] = field(default_factory=list)  # one per sampled token
+    history: list[tuple] = field(default_factory=list)  # canonical messages up to and including the last reply
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the same, as sent and returned
+    requests: list[list[tuple]] = field(default_factory=list)  # each call's canonical messages
+    calls: int = 0
+    finish_reason: str = "stop"
+    text: str = ""
+
+    def completion(self) -> RolloutCompletion:
+        """The segment's ids after its prompt, as a rollout's completion (environment ids: mask false)."""
+        return RolloutCompletion(list(self.token_ids), list(self.logprobs), self.text, self.finish_reason,
+                                 list(self.weight_steps), list(self.mask))
+
+
+class SessionStitcher:
+    """The segments of one rollout session (module docstring). Calls run one at a time: `begin_call`, generate,
+    `end_call`."""
+
+    def __init__(self, chat_tokens: ChatTokens):
+        self.chat_tokens = chat_tokens
+        self.segments: list[Segment] = []
+        self.forks: Counter[str] = Counter()
+        self._open = False
+
+    def begin_call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The token ids to generate this call's reply from: the current segment extended, or a new one."""
+        if self._open:
+            raise RuntimeError("begin_call before the previous call's end_call")
+        wanted = [canonical(m) for m in messages]
+        segment = self.segments[-1] if self.segments else None
+        reason = None if segment is None else self._fork_reason(segment, wanted, tools)
+        if segment is None or reason is not None:
+            if reason is not None:
+                self.forks[reason] += 1
+            segment = Segment(self.chat_tokens.prompt_ids(messages, tools or []), tools)
+            self.segments.append(segment)
+        else:
+            new = messages[len(segment.history):]
+            last = next((i for i, keep in zip(reversed(segment.token_ids), reversed(segment.mask), strict=True)
+                         if keep), None)
+            tail = self.chat_tokens.reply_ids(segment.messages, new, tools or [], last)
+            segment.token_ids += tail
+            segment.logprobs += [0.0] * len(tail)
+            segment.mask += [False] * len(tail)
+        segment.requests.append(wanted)
+        segment.history = list(wanted)
+        segment.messages = list(messages)
+        self._open = True
+        return segment.prompt_ids + segment.token_ids
+
+    def end_call(self, sampled: RolloutCompletion, reply: dict[str, Any]) -> None:
+        """Record the call's sampled ids (their logprobs and weight steps) and the assistant message the session
+        returned for them (`reply`, which the next call must replay to extend the segment)."""
+        if not self._open:
+            raise RuntimeError("end_call without begin_call")
+        segment = self.segments[-1]
+        segment.token_ids += sampled.token_ids
+        segment.logprobs += sampled.logprobs
+        segment.mask += [True] * len(sampled.token_ids)
+        segment.weight_steps += sampled.weight_steps
+        segment.history.append(canonical(reply))
+        segment.messages.append(reply)
+        segment.calls += 1
+        segment.finish_reason = sampled.finish_reason
+        segment.text = sampled.text
+        self._open = False
+
+    @staticmethod
+    def _fork_reason(segment: Segment, wanted: list[tuple], tools: list[dict[str, Any]] | None) -> str | None:
+        """Why this call cannot extend `segment` (module docstring), or None."""
+        if (tools or None) != (segment.tools or None):
+            return "tools"
+        if wanted in segment.requests:
+            return "retry"
+        known = len(segment.history) - 1  # the messages before the last reply
+        if wanted[:known] != segment.history[:known]:
+            return "history_edit"
+        if len(wanted) <= known or wanted[known] != segment.history[known]:
+            return "reply_edit"
+        if any(message[0] == "assistant" for message in wanted[known + 1:]):
+            return "reply_edit"  # an assistant turn the policy did not sample
+        return None
