@@ -33,6 +33,7 @@ parts is text), reasoning (`reasoning_content` or `reasoning`), tool calls (id, 
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -105,6 +106,7 @@ class SessionStitcher:
         self.segments: list[Segment] = []
         self.forks: Counter[str] = Counter()
         self._open = False
+        self._before: tuple[int, Segment | None, Counter[str]] | None = None  # what `abandon_call` restores
 
     def begin_call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The token ids to generate this call's reply from: the current segment extended, or a new one."""
@@ -112,12 +114,13 @@ class SessionStitcher:
             raise RuntimeError("begin_call before the previous call's end_call")
         wanted = [canonical(m) for m in messages]
         segment = self.segments[-1] if self.segments else None
+        self._before = (len(self.segments), copy.deepcopy(segment), Counter(self.forks))
         reason = None if segment is None else self._fork_reason(segment, wanted, tools)
         if segment is None or reason is not None:
-            if reason is not None:
-                self.forks[reason] += 1
             segment = Segment(self.chat_tokens.prompt_ids(messages, tools or []), tools)
             self.segments.append(segment)
+            if reason is not None:
+                self.forks[reason] += 1
         else:
             new = messages[len(segment.history):]
             last = next((i for i, keep in zip(reversed(segment.token_ids), reversed(segment.mask), strict=True)
@@ -131,6 +134,17 @@ class SessionStitcher:
         segment.messages = list(messages)
         self._open = True
         return segment.prompt_ids + segment.token_ids
+
+    def abandon_call(self) -> None:
+        """Undo `begin_call` (its generation failed): the session is as before the call, which the agent may retry."""
+        if not self._open:
+            raise RuntimeError("abandon_call without begin_call")
+        count, last, forks = self._before
+        del self.segments[count:]
+        if last is not None:
+            self.segments[-1] = last
+        self.forks = forks
+        self._open = False
 
     def end_call(self, sampled: RolloutCompletion, reply: dict[str, Any]) -> None:
         """Record the call's sampled ids (their logprobs and weight steps) and the assistant message the session

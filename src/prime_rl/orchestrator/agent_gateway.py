@@ -1,0 +1,212 @@
+"""Rollout sessions on an OpenAI-compatible API: the gateway an agent that owns its loop talks to.
+
+Each rollout opens a session (`open_session`) and hands the agent its base URL, `<gateway>/sessions/<id>/v1`, and
+a key valid for that session only (`Authorization: Bearer <key>`; another session's key, an ended session's, or
+none: 401). The agent calls `chat/completions` as it would any OpenAI-compatible server, with `tools`,
+`tool_choice` ("auto" or "none") and `stream`; per call the gateway
+
+1. stitches the call into the session's segments (`agent_stitching.SessionStitcher`): the token ids to generate
+   from are the session's own ids plus a template tail, or a fresh rendering when the agent edited its history;
+2. generates one reply from those ids on the run's inference servers (token in, token out), under the run's
+   sampling rule and `max_tokens` (a request's sampling fields do not change them: the trainer scores the reply
+   under the rule the batch records; a request's `max_tokens` may only lower the limit);
+3. answers with the reply split as the template writes it: reasoning first (`reasoning_content`, also as
+   `reasoning`; `orchestrator/reasoning.py`), then tool calls in the rest (`chat.tool_calls`); `stream = true` gets
+   the same answer as server-sent events (role, reasoning, content, tool calls with their `index`, the finish, then
+   `[DONE]`), generated whole first;
+4. records the reply with the assistant message it returned, which the agent's next call must replay to extend
+   the segment.
+
+Calls of one session run one at a time, in arrival order (a session is one conversation; an agent that
+fans out opens a session per branch). `close_session` ends the session (its key is refused from then on) and
+returns its stitcher: the segments the trainer will see. `n` must be 1: a rollout's group is made of sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from pydantic import model_validator
+
+from prime_rl.chat.template_tokens import ChatTokens
+from prime_rl.chat.tool_calls import parse_tool_calls
+from prime_rl.inference.access import AccessPolicy
+from prime_rl.inference.api import HTTPError, json_app, parse
+from prime_rl.inference.protocol import ChatRequest
+from prime_rl.models.sampling_rule import SamplingRule
+from prime_rl.orchestrator.agent_stitching import SessionStitcher
+from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion
+from prime_rl.orchestrator.config import ReasoningConfig
+from prime_rl.orchestrator.reasoning import split_reasoning
+
+
+class AgentChatRequest(ChatRequest):
+    """A chat request as an agent sends it: the inference server's shape, with `stream` allowed and `n` = 1."""
+
+    @model_validator(mode="after")
+    def _supported(self):  # replaces the server's rule, which refuses `stream`
+        if self.n != 1:
+            raise ValueError("n must be 1 in a rollout session (a group's rollouts are separate sessions)")
+        if self.top_logprobs:
+            raise ValueError("top_logprobs is not supported in a rollout session")
+        return self
+
+
+@dataclass
+class Session:
+    """One rollout's session: where the agent sends its calls and the key that opens it."""
+
+    id: str
+    key: str
+    base_url: str
+    seed: int | None
+    stitcher: SessionStitcher
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    calls: int = 0
+
+
+def assistant_message(completion: RolloutCompletion, with_tools: bool, reasoning: ReasoningConfig | None
+                      ) -> tuple[dict[str, Any], str]:
+    """The assistant message of a sampled reply and its finish reason: reasoning split off first (with `reasoning`
+    configured), then the tool calls of the rest (with `with_tools`; a text whose calls do not all parse stays
+    text). The message is what the session records and the agent replays."""
+    text, thought = completion.text, None
+    if reasoning is not None and reasoning.parser == "think":
+        split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag, reasoning.opened_by_prompt)
+        text, thought = split.answer, split.reasoning
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if thought is not None:
+        message["reasoning_content"] = thought
+    finish = completion.finish_reason
+    turn = parse_tool_calls(text) if with_tools else None
+    if turn is not None and turn.calls and not turn.malformed:
+        message["content"] = turn.content or None
+        message["tool_calls"] = [call.openai() for call in turn.calls]
+        finish = "tool_calls" if finish == "stop" else finish
+    return message, finish
+
+
+def _events(answer: dict[str, Any]) -> AsyncIterator[bytes]:
+    """`answer` as the chunks of a streamed chat completion (module docstring)."""
+    choice = answer["choices"][0]
+    message = choice["message"]
+    base = {key: answer[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if message.get("reasoning_content") is not None:
+        deltas.append({"reasoning_content": message["reasoning_content"], "reasoning": message["reasoning_content"]})
+    if message.get("content"):
+        deltas.append({"content": message["content"]})
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        deltas.append({"tool_calls": [{"index": index, **call}]})
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for delta in deltas:
+            yield b"data: " + json.dumps(base | {"choices": [{"index": 0, "delta": delta,
+                                                              "finish_reason": None}]}).encode() + b"\n\n"
+        last = base | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+                       "usage": answer["usage"]}
+        yield b"data: " + json.dumps(last).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    return chunks()
+
+
+class AgentGateway:
+    """The sessions of a run's agent rollouts and the HTTP app that serves them (module docstring)."""
+
+    def __init__(self, client: InferenceClient, chat_tokens: ChatTokens, rule: SamplingRule, max_tokens: int,
+                 seq_len: int, served_model: str, reasoning: ReasoningConfig | None = None,
+                 root_url: str = "http://127.0.0.1"):
+        self.client = client
+        self.chat_tokens = chat_tokens
+        self.rule = rule
+        self.max_tokens = max_tokens
+        self.seq_len = seq_len
+        self.served_model = served_model
+        self.reasoning = reasoning
+        self.root_url = root_url.rstrip("/")
+        self.sessions: dict[str, Session] = {}
+        self.app = self._build_app()
+
+    def open_session(self, seed: int | None = None) -> Session:
+        """A new session: its own id, key and base URL (`seed`: the first call's sampling seed; call k uses
+        seed + k)."""
+        session_id = uuid.uuid4().hex
+        session = Session(session_id, f"sk-session-{secrets.token_urlsafe(24)}",
+                          f"{self.root_url}/sessions/{session_id}/v1", seed, SessionStitcher(self.chat_tokens))
+        self.sessions[session_id] = session
+        return session
+
+    def close_session(self, session_id: str) -> SessionStitcher:
+        """End the session (its key is refused from now on) and return its segments."""
+        return self.sessions.pop(session_id).stitcher
+
+    def _session(self, request: Request, session_id: str) -> Session:
+        """The session a call may use: its key, and only its key (401 otherwise, the same answer for an unknown or
+        ended session as for a wrong key, so a key reveals nothing about other sessions)."""
+        session = self.sessions.get(session_id)
+        sent = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if session is None or not secrets.compare_digest(sent.encode(), session.key.encode()):
+            raise HTTPError(401, "invalid API key for this session (or the session has ended)")
+        return session
+
+    async def chat(self, session: Session, body: AgentChatRequest) -> dict[str, Any]:
+        """One call of `session` (module docstring, steps 1-4): the chat.completion answer."""
+        async with session.lock:
+            tools = body.template_tools()
+            messages = [m.template_dict() for m in body.messages]
+            try:
+                prompt_ids = await asyncio.to_thread(session.stitcher.begin_call, messages, tools)
+            except Exception as exc:  # a template that cannot render these messages
+                raise HTTPError(400, f"the chat template cannot render this conversation: {exc}") from None
+            room = self.seq_len - len(prompt_ids)
+            if room < 1:
+                session.stitcher.abandon_call()
+                raise HTTPError(400, f"the conversation ({len(prompt_ids)} tokens) fills the context ({self.seq_len})")
+            limit = min(self.max_tokens, room, body.max_tokens or self.max_tokens)
+            seed = None if session.seed is None else session.seed + session.calls
+            try:
+                result = await self.client.complete(prompt_ids, 1, self.rule, limit, seed)
+            except BaseException:
+                session.stitcher.abandon_call()
+                raise
+            (completion,) = result.completions
+            message, finish = assistant_message(completion, body.parses_tool_calls, self.reasoning)
+            session.stitcher.end_call(completion, message)
+            session.calls += 1
+        answer_message = dict(message)
+        if "reasoning_content" in message:
+            answer_message["reasoning"] = message["reasoning_content"]
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion.token_ids),
+                 "total_tokens": len(prompt_ids) + len(completion.token_ids)}
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": body.model or self.served_model, "usage": usage,
+                "choices": [{"index": 0, "message": answer_message, "finish_reason": finish, "logprobs": None}]}
+
+    def _build_app(self) -> FastAPI:
+        app = json_app("prime-rl agent gateway", AccessPolicy())
+
+        @app.post("/sessions/{session_id}/v1/chat/completions")
+        async def chat_completions(session_id: str, request: Request):
+            session = self._session(request, session_id)
+            body = await parse(request, AgentChatRequest)
+            answer = await self.chat(session, body)
+            if body.stream:
+                return StreamingResponse(_events(answer), media_type="text/event-stream")
+            return answer
+
+        @app.get("/sessions/{session_id}/v1/models")
+        async def models(session_id: str, request: Request):
+            self._session(request, session_id)
+            return {"object": "list", "data": [{"id": self.served_model, "object": "model", "owned_by": "prime-rl"}]}
+
+        return app
