@@ -18,6 +18,7 @@ from prime_rl.orchestrator.agent_gateway import AgentGateway
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import ReasoningConfig
 from tests.support.real_tokenizers import load_tokenizer
+from tests.support.segments import sampled_runs
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]
@@ -66,15 +67,6 @@ def replayed(message) -> dict:
     """The assistant message as an agent puts it back into its history."""
     return message.model_dump(exclude_none=True)
 
-
-def sampled_runs(segment) -> list[list[int]]:
-    runs, current = [], []
-    for token, keep in zip(segment.token_ids, segment.mask, strict=True):
-        if keep:
-            current.append(token)
-        elif current:
-            runs, current = [*runs, current], []
-    return runs + ([current] if current else [])
 
 
 def test_a_plain_openai_agent_over_four_turns_trains_on_exactly_what_was_sampled():

@@ -14,6 +14,7 @@ from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.orchestrator.agent_stitching import SessionStitcher, canonical
 from prime_rl.orchestrator.client import RolloutCompletion
 from tests.support.real_tokenizers import load_tokenizer
+from tests.support.segments import sampled_runs
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]
@@ -55,16 +56,6 @@ def converse(stitcher: SessionStitcher, policy: Policy, messages: list[dict], re
     stitcher.end_call(sampled, reply)
     return prompt, sampled
 
-
-def sampled_runs(segment) -> list[list[int]]:
-    """The segment's runs of mask-1 ids, in order."""
-    runs, current = [], []
-    for token, keep in zip(segment.token_ids, segment.mask, strict=True):
-        if keep:
-            current.append(token)
-        elif current:
-            runs, current = [*runs, current], []
-    return runs + ([current] if current else [])
 
 
 def test_calls_that_extend_the_conversation_are_one_segment_of_the_sampled_ids(chat):
