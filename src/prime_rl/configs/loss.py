@@ -131,6 +131,25 @@ class CispoLossConfig(_LossCommon):
 
 
 @LOSSES.config
+class DppoLossConfig(_LossCommon):
+    """Upstream prime-rl's default objective: DPPO-Binary TV's trust region on the probability difference, by the
+    advantage's sign, plus a squared-log-ratio KL term (docs/losses.md#dppo--upstream-prime-rls-default)."""
+
+    type: Literal["dppo"] = "dppo"
+    normalization: Normalization = "token"
+    """How per-token losses are reduced over the step (docs/losses.md#normalization)."""
+    mask_low: float = Field(default=0.2, ge=0)
+    """A token with advantage <= 0 is masked when its probability fell by more than this (p_trainer - p_sampler <
+    -mask_low)."""
+    mask_high: float = Field(default=0.2, ge=0)
+    """A token with advantage > 0 is masked when its probability rose by more than this."""
+    adv_tau: float = Field(default=1.0, ge=0)
+    """Weight of the advantage term."""
+    kl_tau: float = Field(default=1e-3, ge=0)
+    """Weight of the (log r)^2 term on every trained token, masked or not."""
+
+
+@LOSSES.config
 class VanillaLossConfig(_LossCommon):
     """Plain importance-sampled policy gradient, no clipping."""
 

@@ -377,8 +377,13 @@ def test_edge_cases_are_finite(variant):
             out, grads = assert_finite({"type": variant, **extra}, [inputs])
             if name == "empty_mask":
                 assert out.loss.item() == 0 and (grads[0] is None or not grads[0].any())
-            if name == "zero_advantage" and not extra:
+            if name == "zero_advantage" and not extra and variant != "dppo":
                 assert grads[0] is None or not grads[0].any()
+            if name == "zero_advantage" and not extra and variant == "dppo":  # its (log r)^2 term pulls alone
+                log_r = inputs.trainer_logprobs.detach() - inputs.inference_logprobs
+                assert torch.allclose(grads[0], 2e-3 * log_r / 3, atol=1e-9)  # kl_tau 1e-3, token-normalized
+                _, no_kl = assert_finite({"type": variant, "kl_tau": 0.0}, [inputs])
+                assert no_kl[0] is None or not no_kl[0].any()
 
 
 def test_extreme_ratios_with_dual_clip_opsm_and_clip_weight():
