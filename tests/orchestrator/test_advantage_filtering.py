@@ -4,6 +4,7 @@ advantage type is judged by its own advantages, or refused by the filters when o
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import ClassVar, Literal
 
 import pytest
@@ -99,3 +100,25 @@ def test_the_old_names_of_the_kl_in_the_reward_are_refused_in_one_line():
         assert "\n" not in str(caught.value)
     config, _ = build_config(OrchestratorConfig, ["--advantage.type", "grpo", "--advantage.reward-kl.estimator", "k3"])
     assert config.advantage.reward_kl.coef == 0.01 and config.advantage.batch_fields == ("sample_groups",)
+
+
+class AllTruncated(ScriptedClient):
+    """Every rollout is truncated: every reward is 0.1, every group's rewards equal."""
+
+    async def chat(self, messages, n, *args, **kwargs):
+        result = await super().chat(messages, n, *args, **kwargs)
+        result.completions = [dataclasses.replace(c, finish_reason="length") for c in result.completions]
+        return result
+
+
+def test_a_step_without_any_learning_signal_says_so(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("prime_rl"), "propagate", True)  # whatever a setup_logging before did
+    with caplog.at_level("WARNING", logger="prime_rl"):
+        metrics, _ = run_step(tmp_path / "equal", AllTruncated(), **OVERRIDES)
+    assert metrics["advantage/std"] == 0
+    assert "step 0: every advantage is 0 (each group's rewards are equal): the step carries no learning signal" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="prime_rl"):
+        run_step(tmp_path / "mixed", EqualNonZeroGroups(), **OVERRIDES)  # one group of equal rewards, one mixed
+    assert "no learning signal" not in caplog.text

@@ -188,6 +188,9 @@ class Orchestrator:
         advantages = self.advantages.of(kept, c.normalize_advantages)
         if not kept:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
+        elif self.teacher is None and c.advantage.trainer_step is None and not advantages.any():
+            log.warning(f"step {step}: every advantage is 0 (each group's rewards are equal): the step carries no "
+                        "learning signal and its policy loss is 0")
         samples = self.samples(kept, advantages)
         if self.teacher is not None:  # teacher logprobs and the OPD advantage (advantages/distillation.py)
             metrics |= await self.teacher.apply(samples, c.teacher_temperature)
