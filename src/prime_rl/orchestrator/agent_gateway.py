@@ -38,10 +38,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import model_validator
 
 from prime_rl.chat.template_tokens import ChatTokens
-from prime_rl.chat.tool_calls import parse_tool_calls
 from prime_rl.inference.access import AccessPolicy
-from prime_rl.inference.api import HTTPError, json_app, parse
-from prime_rl.inference.protocol import ChatRequest
+from prime_rl.inference.api import HTTPError, chat_message, json_app, parse
+from prime_rl.inference.protocol import ChatRequest, Completion
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.agent_stitching import SessionStitcher
 from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion
@@ -83,16 +82,12 @@ def assistant_message(completion: RolloutCompletion, with_tools: bool, reasoning
     if reasoning is not None and reasoning.parser == "think":
         split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag, reasoning.opened_by_prompt)
         text, thought = split.answer, split.reasoning
-    message: dict[str, Any] = {"role": "assistant", "content": text}
+    answer = chat_message(Completion(completion.token_ids, completion.logprobs, text, completion.finish_reason,
+                                     completion.weight_steps), with_tools)  # the server's tool-call rule
+    message = answer["message"]
     if thought is not None:
         message["reasoning_content"] = thought
-    finish = completion.finish_reason
-    turn = parse_tool_calls(text) if with_tools else None
-    if turn is not None and turn.calls and not turn.malformed:
-        message["content"] = turn.content or None
-        message["tool_calls"] = [call.openai() for call in turn.calls]
-        finish = "tool_calls" if finish == "stop" else finish
-    return message, finish
+    return message, answer["finish_reason"]
 
 
 def _events(answer: dict[str, Any]) -> AsyncIterator[bytes]:

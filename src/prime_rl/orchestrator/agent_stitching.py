@@ -33,7 +33,6 @@ parts is text), reasoning (`reasoning_content` or `reasoning`), tool calls (id, 
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -97,71 +96,76 @@ class Segment:
                                  list(self.weight_steps), list(self.mask))
 
 
+@dataclass
+class _Call:
+    """A call between `begin_call` and `end_call`: what `end_call` applies to the session (nothing before it, so a
+    call whose generation fails leaves no trace)."""
+
+    segment: Segment  # the segment it extends, or a new one
+    fork: str | None  # why it opens a new segment (None: it extends, or it is the first)
+    tail: list[int]  # the template tail it appends to an extended segment
+    wanted: list[tuple]  # its canonical messages
+    messages: list[dict[str, Any]]
+
+
 class SessionStitcher:
     """The segments of one rollout session (module docstring). Calls run one at a time: `begin_call`, generate,
-    `end_call`."""
+    then `end_call` (or `abandon_call` when the generation failed)."""
 
     def __init__(self, chat_tokens: ChatTokens):
         self.chat_tokens = chat_tokens
         self.segments: list[Segment] = []
         self.forks: Counter[str] = Counter()
-        self._open = False
-        self._before: tuple[int, Segment | None, Counter[str]] | None = None  # what `abandon_call` restores
+        self._call: _Call | None = None
 
     def begin_call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The token ids to generate this call's reply from: the current segment extended, or a new one."""
-        if self._open:
+        if self._call is not None:
             raise RuntimeError("begin_call before the previous call's end_call")
         wanted = [canonical(m) for m in messages]
-        segment = self.segments[-1] if self.segments else None
-        self._before = (len(self.segments), copy.deepcopy(segment), Counter(self.forks))
-        reason = None if segment is None else self._fork_reason(segment, wanted, tools)
-        if segment is None or reason is not None:
-            segment = Segment(self.chat_tokens.prompt_ids(messages, tools or []), tools)
-            self.segments.append(segment)
-            if reason is not None:
-                self.forks[reason] += 1
+        current = self.segments[-1] if self.segments else None
+        fork = None if current is None else self._fork_reason(current, wanted, tools)
+        if current is None or fork is not None:
+            call = _Call(Segment(self.chat_tokens.prompt_ids(messages, tools or []), tools), fork, [], wanted,
+                         list(messages))
         else:
-            new = messages[len(segment.history):]
-            last = next((i for i, keep in zip(reversed(segment.token_ids), reversed(segment.mask), strict=True)
+            new = messages[len(current.history):]
+            last = next((i for i, keep in zip(reversed(current.token_ids), reversed(current.mask), strict=True)
                          if keep), None)
-            tail = self.chat_tokens.reply_ids(segment.messages, new, tools or [], last)
-            segment.token_ids += tail
-            segment.logprobs += [0.0] * len(tail)
-            segment.mask += [False] * len(tail)
-        segment.requests.append(wanted)
-        segment.history = list(wanted)
-        segment.messages = list(messages)
-        self._open = True
-        return segment.prompt_ids + segment.token_ids
+            tail = self.chat_tokens.reply_ids(current.messages, new, tools or [], last)
+            call = _Call(current, None, tail, wanted, list(messages))
+        self._call = call
+        return call.segment.prompt_ids + call.segment.token_ids + call.tail
 
     def abandon_call(self) -> None:
-        """Undo `begin_call` (its generation failed): the session is as before the call, which the agent may retry."""
-        if not self._open:
+        """Drop the call `begin_call` opened (its generation failed): the session is as before it, and the agent may
+        retry."""
+        if self._call is None:
             raise RuntimeError("abandon_call without begin_call")
-        count, last, forks = self._before
-        del self.segments[count:]
-        if last is not None:
-            self.segments[-1] = last
-        self.forks = forks
-        self._open = False
+        self._call = None
 
     def end_call(self, sampled: RolloutCompletion, reply: dict[str, Any]) -> None:
-        """Record the call's sampled ids (their logprobs and weight steps) and the assistant message the session
-        returned for them (`reply`, which the next call must replay to extend the segment)."""
-        if not self._open:
+        """Record the call: its template tail, its sampled ids (their logprobs and weight steps) and the assistant
+        message the session returned for them (`reply`, which the next call must replay to extend the segment)."""
+        call = self._call
+        if call is None:
             raise RuntimeError("end_call without begin_call")
-        segment = self.segments[-1]
-        segment.token_ids += sampled.token_ids
-        segment.logprobs += sampled.logprobs
-        segment.mask += [True] * len(sampled.token_ids)
+        segment = call.segment
+        if not self.segments or segment is not self.segments[-1]:
+            self.segments.append(segment)
+        if call.fork is not None:
+            self.forks[call.fork] += 1
+        segment.token_ids += call.tail + sampled.token_ids
+        segment.logprobs += [0.0] * len(call.tail) + sampled.logprobs
+        segment.mask += [False] * len(call.tail) + [True] * len(sampled.token_ids)
         segment.weight_steps += sampled.weight_steps
-        segment.history.append(canonical(reply))
-        segment.messages.append(reply)
+        segment.requests.append(call.wanted)
+        segment.history = [*call.wanted, canonical(reply)]
+        segment.messages = [*call.messages, reply]
         segment.calls += 1
         segment.finish_reason = sampled.finish_reason
         segment.text = sampled.text
-        self._open = False
+        self._call = None
 
     @staticmethod
     def _fork_reason(segment: Segment, wanted: list[tuple], tools: list[dict[str, Any]] | None) -> str | None:
