@@ -36,10 +36,11 @@ from tests.support import REPO
 from tests.support.doc_commands import PRODUCTS, CommandFailed, DocShell, NotHere, make_sandbox
 
 PAGES = [
-    "README.md",
+    "README.md", "docs/agents.md",
     "docs/architecture.md", "docs/async.md", "docs/benchmarks.md", "docs/bring-your-own-algorithm.md",
     "docs/configs.md", "docs/deployment.md", "docs/environments.md", "docs/inference.md", "docs/losses.md",
     "docs/metrics.md", "docs/orchestrator.md", "docs/quickstart.md", "docs/trainer.md",
+    "examples/agent/README.md",
     "examples/alphabet_sort/README.md", "examples/dataset/README.md", "examples/is_reshape_study/README.md",
     "examples/multi_turn/README.md", "examples/reverse_text/README.md", "examples/tool_use/README.md",
 ]

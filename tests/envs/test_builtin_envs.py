@@ -36,6 +36,8 @@ def required_args(env_id: str, tmp_path) -> dict:
     if env_id == "reasoning-gym":
         pytest.importorskip("reasoning_gym", reason="the reasoning-gym extra is not installed")
         return {"tasks": "leg_counting", "size": 50}
+    if env_id == "agent":  # its examples and scoring are its task's
+        return {"task": {"id": "reverse-text"}, "function": "tests.envs.test_agent:run"}
     return {}
 
 
@@ -92,8 +94,8 @@ def test_arithmetic_exact_match():
 @pytest.mark.parametrize(
     ("env_id", "args", "message"),
     [
-        ("no-such-env", {}, "unknown environment 'no-such-env' "
-                            "(known: alphabet-sort, arithmetic, calculator, dataset, reasoning-gym, reverse-text"),
+        ("no-such-env", {}, "unknown environment 'no-such-env' (known: agent, alphabet-sort, arithmetic, "
+                            "calculator, dataset, reasoning-gym, reverse-text"),
         ("reverse-text", {"length": 3}, "has no argument(s) length (allowed: min_len, max_len, system_prompt)"),
         ("reverse-text", {"min_len": "5"}, "argument 'min_len' must be int"),
         ("reverse-text", {"min_len": 9, "max_len": 3}, "min_len <= max_len"),

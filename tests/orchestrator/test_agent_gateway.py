@@ -5,55 +5,22 @@ between sessions, and failures."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
 
 import httpx
 import openai
 import pytest
 
-from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.agent_gateway import AgentGateway
-from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import ReasoningConfig
-from tests.support.real_tokenizers import load_tokenizer
-from tests.support.segments import sampled_runs
-
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
-    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]
-
-
-@functools.cache
-def qwen3() -> ChatTokens:
-    return ChatTokens(load_tokenizer("qwen3"))
-
-
-class ScriptedServer:
-    """Stands in for the inference servers: each call's reply is `reply(prompt_text)`, its ids the text's encoding
-    and Qwen3's end of turn; every sampled token is recorded with its call's number as logprob and weight step."""
-
-    def __init__(self, reply):
-        self.reply, self.calls, self.sampled, self.fail = reply, 0, [], False
-
-    async def complete(self, prompt_ids, n, rule, max_tokens, seed=None) -> ChatResult:
-        assert n == 1
-        if self.fail:
-            raise RuntimeError("the server went away")
-        self.calls += 1
-        chat = qwen3()
-        text = self.reply(chat.tokenizer.decode(prompt_ids))
-        ids = [*chat.encode(text), chat.tokenizer.convert_tokens_to_ids("<|im_end|>")][:max_tokens]
-        self.sampled.append(ids)
-        await asyncio.sleep(0)  # let other sessions' calls interleave
-        return ChatResult(prompt_ids, self.calls, [RolloutCompletion(ids, [-self.calls / 100] * len(ids), text,
-                                                                     "stop", [self.calls] * len(ids))])
+from tests.support.agent_sessions import TOOLS, ScriptedServer, qwen3, sampled_runs
 
 
 def gateway_for(reply, reasoning: ReasoningConfig | None = None, seq_len: int = 4096
                 ) -> tuple[AgentGateway, ScriptedServer]:
     server = ScriptedServer(reply)
-    return AgentGateway(server, qwen3(), SamplingRule(1.0), 64, seq_len, "policy", reasoning), server
+    return AgentGateway(server, qwen3(), seq_len, "policy", reasoning), server
 
 
 def agent(gateway: AgentGateway, session) -> openai.AsyncOpenAI:
@@ -73,7 +40,7 @@ def test_a_plain_openai_agent_over_four_turns_trains_on_exactly_what_was_sampled
     gateway, server = gateway_for(lambda prompt: f"Turn {prompt.count('<|im_start|>user')}.")
 
     async def run():
-        session = gateway.open_session(seed=7)
+        session = gateway.open_session(SamplingRule(1.0), 64, seed=7)
         client = agent(gateway, session)
         messages = [{"role": "system", "content": "Be brief."}]
         for turn in range(4):
@@ -81,7 +48,7 @@ def test_a_plain_openai_agent_over_four_turns_trains_on_exactly_what_was_sampled
             answer = await client.chat.completions.create(model="policy", messages=messages)
             assert answer.choices[0].message.content == f"Turn {turn + 1}."
             messages.append(replayed(answer.choices[0].message))
-        return gateway.close_session(session.id)
+        return gateway.close_session(session.id).stitcher
 
     stitcher = asyncio.run(run())
     (segment,) = stitcher.segments
@@ -98,7 +65,7 @@ def test_parallel_tool_calls_reach_the_agent_and_their_results_extend_the_segmen
     gateway, server = gateway_for(lambda prompt: "5 and 2." if "<tool_response>" in prompt else TOOL_CALLS)
 
     async def run():
-        session = gateway.open_session()
+        session = gateway.open_session(SamplingRule(1.0), 64)
         client = agent(gateway, session)
         messages = [{"role": "user", "content": "2 + 3 and 1 + 1?"}]
         first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
@@ -112,7 +79,7 @@ def test_parallel_tool_calls_reach_the_agent_and_their_results_extend_the_segmen
                                                                                           strict=True)]
         second = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         assert second.choices[0].message.content == "5 and 2."
-        return gateway.close_session(session.id)
+        return gateway.close_session(session.id).stitcher
 
     stitcher = asyncio.run(run())
     (segment,) = stitcher.segments
@@ -124,7 +91,7 @@ def test_reasoning_is_split_off_and_replaying_without_it_starts_a_new_segment():
     gateway, _ = gateway_for(lambda prompt: reply, ReasoningConfig())
 
     async def run():
-        session = gateway.open_session()
+        session = gateway.open_session(SamplingRule(1.0), 64)
         client = agent(gateway, session)
         messages = [{"role": "user", "content": "How many?"}]
         answer = (await client.chat.completions.create(model="policy", messages=messages)).choices[0].message
@@ -134,7 +101,7 @@ def test_reasoning_is_split_off_and_replaying_without_it_starts_a_new_segment():
         await client.chat.completions.create(model="policy", messages=kept)  # extends
         dropped = [*kept, {"role": "assistant", "content": "Three."}, {"role": "user", "content": "Really?"}]
         await client.chat.completions.create(model="policy", messages=dropped)  # the thinking left out: a fork
-        return gateway.close_session(session.id)
+        return gateway.close_session(session.id).stitcher
 
     stitcher = asyncio.run(run())
     assert dict(stitcher.forks) == {"reply_edit": 1} and [s.calls for s in stitcher.segments] == [2, 1]
@@ -144,7 +111,7 @@ def test_a_streamed_answer_reads_as_the_same_answer():
     gateway, _ = gateway_for(lambda prompt: "<think>\nhm\n</think>\n\nSure. " + TOOL_CALLS, ReasoningConfig())
 
     async def run():
-        session = gateway.open_session()
+        session = gateway.open_session(SamplingRule(1.0), 64)
         client = agent(gateway, session)
         messages = [{"role": "user", "content": "Add."}]
         whole = (await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)).choices[0]
@@ -170,7 +137,7 @@ def test_a_key_opens_its_own_session_only_and_none_after_it_ended():
     gateway, _ = gateway_for(lambda prompt: "ok")
 
     async def run():
-        a, b = gateway.open_session(), gateway.open_session()
+        a, b = gateway.open_session(SamplingRule(1.0), 64), gateway.open_session(SamplingRule(1.0), 64)
         messages = [{"role": "user", "content": "hi"}]
         crossed = agent(gateway, a).with_options(base_url=b.base_url)  # A's key on B's URL
         with pytest.raises(openai.AuthenticationError, match="invalid API key for this session"):
@@ -184,7 +151,7 @@ def test_a_key_opens_its_own_session_only_and_none_after_it_ended():
             assert answer.status_code == 401 and "error" in answer.json()
             answer = await raw.get(f"{b.base_url}/models", headers={"Authorization": f"Bearer {b.key}"})
             assert answer.json()["data"][0]["id"] == "policy"
-        return gateway.close_session(b.id)
+        return gateway.close_session(b.id).stitcher
 
     assert asyncio.run(run()).segments[0].calls == 1
 
@@ -193,14 +160,14 @@ def test_two_hundred_concurrent_sessions_keep_every_call_in_its_own_rollout():
     gateway, _ = gateway_for(lambda prompt: "echo " + re.findall(r"rollout \d+", prompt)[-1])
 
     async def one(i: int) -> tuple[int, object]:
-        session = gateway.open_session()
+        session = gateway.open_session(SamplingRule(1.0), 64)
         client = agent(gateway, session)
         messages = [{"role": "user", "content": f"rollout {i}"}]
         for _ in range(2):
             answer = await client.chat.completions.create(model="policy", messages=messages)
             assert answer.choices[0].message.content == f"echo rollout {i}"
             messages += [replayed(answer.choices[0].message), {"role": "user", "content": f"rollout {i}"}]
-        return i, gateway.close_session(session.id)
+        return i, gateway.close_session(session.id).stitcher
 
     async def run():
         return await asyncio.gather(*(one(i) for i in range(200)))
@@ -216,7 +183,7 @@ def test_what_a_session_cannot_serve_is_an_openai_error_and_a_failed_call_leaves
     gateway, server = gateway_for(lambda prompt: "ok")
 
     async def run():
-        session = gateway.open_session()
+        session = gateway.open_session(SamplingRule(1.0), 64)
         client = agent(gateway, session)
         messages = [{"role": "user", "content": "hi"}]
         with pytest.raises(openai.BadRequestError, match="n must be 1 in a rollout session"):
@@ -226,7 +193,7 @@ def test_what_a_session_cannot_serve_is_an_openai_error_and_a_failed_call_leaves
             await client.chat.completions.create(model="policy", messages=messages)
         server.fail = False
         await client.chat.completions.create(model="policy", messages=messages)  # the agent retries
-        return gateway.close_session(session.id)
+        return gateway.close_session(session.id).stitcher
 
     stitcher = asyncio.run(run())
     assert [s.calls for s in stitcher.segments] == [1] and not stitcher.forks
@@ -236,10 +203,10 @@ def test_a_conversation_that_fills_the_context_is_refused_before_anything_is_gen
     gateway, server = gateway_for(lambda prompt: "ok", seq_len=12)
 
     async def run():
-        session = gateway.open_session()
+        session = gateway.open_session(SamplingRule(1.0), 64)
         with pytest.raises(openai.BadRequestError, match=r"fills the context \(12\)"):
             await agent(gateway, session).chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": "a question longer than the context"}])
-        return gateway.close_session(session.id)
+        return gateway.close_session(session.id).stitcher
 
     assert asyncio.run(run()).segments == [] and server.calls == 0

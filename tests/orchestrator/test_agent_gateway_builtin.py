@@ -16,8 +16,8 @@ from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.agent_gateway import AgentGateway
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.config import ClientConfig
+from tests.support.agent_sessions import sampled_runs
 from tests.support.inference_server import start_server, stop_server
-from tests.support.segments import sampled_runs
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +34,8 @@ def test_an_openai_agent_through_the_gateway_trains_on_the_servers_own_tokens_an
                                                                                            server_url):
     async def run():
         async with InferenceClient(ClientConfig(base_url=f"{server_url}/v1")) as client:
-            gateway = AgentGateway(client, ChatTokens.load(tiny_model_dir), SamplingRule(1.0), 12, 512, "tiny")
-            session = gateway.open_session(seed=3)
+            gateway = AgentGateway(client, ChatTokens.load(tiny_model_dir), 512, "tiny")
+            session = gateway.open_session(SamplingRule(1.0), 12, seed=3)
             transport = httpx.ASGITransport(app=gateway.app)
             agent = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.key, max_retries=0,
                                        http_client=httpx.AsyncClient(transport=transport))
@@ -44,7 +44,7 @@ def test_an_openai_agent_through_the_gateway_trains_on_the_servers_own_tokens_an
                 messages.append({"role": "user", "content": f"reverse: abc{turn}"})
                 answer = await agent.chat.completions.create(model="tiny", messages=messages)
                 messages.append(answer.choices[0].message.model_dump(exclude_none=True))
-            segments = gateway.close_session(session.id).segments
+            segments = gateway.close_session(session.id).stitcher.segments
             (segment,) = segments
             # Score the stitched sequence as the trainer would: each token's logprob given every token before it.
             (scored,) = await client.score_many([segment.prompt_ids + segment.token_ids], 1.0)

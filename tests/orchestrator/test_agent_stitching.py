@@ -13,8 +13,8 @@ import pytest
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.orchestrator.agent_stitching import SessionStitcher, canonical
 from prime_rl.orchestrator.client import RolloutCompletion
+from tests.support.agent_sessions import sampled_runs
 from tests.support.real_tokenizers import load_tokenizer
-from tests.support.segments import sampled_runs
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]

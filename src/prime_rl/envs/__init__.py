@@ -9,6 +9,7 @@ See docs/orchestrator.md for the built-ins and how to add one.
 """
 
 from prime_rl.envs import (  # noqa: F401  (each registers its built-in)
+    agent,
     alphabet_sort,
     arithmetic,
     calculator,

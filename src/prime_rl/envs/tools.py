@@ -13,6 +13,12 @@ the problem, and an entry in `EnvReply.tool_errors` (`bad_json`, `unknown_tool`,
 `bad_arguments`, `exception`, `timeout`). A tool's output (`str(result)`, JSON for a dict or
 list) is cut to `max_tool_output_chars`, with a marker saying how many characters were cut.
 
+Tools may also come from MCP servers (`mcp_servers`: each a command, e.g. ["python", "tools/server.py"];
+`envs/mcp_tools.py`): listed once when the environment is made, offered beside the functions, checked against
+their JSON schemas (required and unknown arguments, the declared types: `bad_arguments`), and called on the server
+within `tool_timeout_s`; an answer the server flags `is_error` is an `exception`. A server that dies or hangs
+fails the rollout (under the environment's `on_error`), not the run, and is started afresh for the next call.
+
 A sync tool runs in a daemon thread of its own (one per call). Python cannot kill a
 thread: a call that times out is abandoned and its thread runs on in the background
 until the function returns, but it never blocks the event loop or the process's exit
@@ -32,6 +38,7 @@ from typing import Any
 
 from prime_rl.chat.tool_calls import MalformedCall, ToolCall, format_tool_call, function_schema, parse_tool_calls
 from prime_rl.envs.environment import EnvReply, Example, MultiTurnEnvironment, require
+from prime_rl.envs.mcp_tools import McpServer
 
 ERROR = "error:"
 """How every failed call's tool message starts."""
@@ -77,7 +84,8 @@ class ToolEnvironment(MultiTurnEnvironment):
     `state["tool_errors"]` count the rollout's calls and failed calls so far.
     """
 
-    def __init__(self, max_turns: int = 4, tool_timeout_s: float = 5.0, max_tool_output_chars: int = 2000):
+    def __init__(self, max_turns: int = 4, tool_timeout_s: float = 5.0, max_tool_output_chars: int = 2000,
+                 mcp_servers: list | None = None):
         require(max_turns >= 1, self.id, f"max_turns must be >= 1, got {max_turns}")
         require(tool_timeout_s > 0, self.id, f"tool_timeout_s must be > 0, got {tool_timeout_s}")
         require(max_tool_output_chars >= 1, self.id, f"max_tool_output_chars must be >= 1, got {max_tool_output_chars}")
@@ -91,6 +99,15 @@ class ToolEnvironment(MultiTurnEnvironment):
             if name in self.functions:
                 raise ValueError(f"{type(self).__name__} has two tools named {name!r}")
             self.functions[name] = fn
+        self.mcp: dict[str, McpServer] = {}  # tool name -> the MCP server that serves it
+        for command in mcp_servers or []:
+            server = McpServer(command)
+            for schema in server.tools:
+                name = schema["function"]["name"]
+                require(name not in self.functions and name not in self.mcp, self.id,
+                        f"two tools named {name!r} (MCP server {' '.join(command)!r})")
+                self.mcp[name] = server
+                self.tools.append(schema)
         self._schemas = {schema["function"]["name"]: schema["function"]["parameters"] for schema in self.tools}
 
     @abstractmethod
@@ -144,13 +161,16 @@ class ToolEnvironment(MultiTurnEnvironment):
         """(error message, kind) for a block that cannot run, else None."""
         if isinstance(block, MalformedCall):
             return f"{ERROR} {block.reason}", block.kind
-        if block.name not in self.functions:
-            return f"{ERROR} unknown tool {block.name!r} (tools: {', '.join(self.functions)})", "unknown_tool"
+        if block.name not in self.functions and block.name not in self.mcp:
+            names = ", ".join([*self.functions, *self.mcp])
+            return f"{ERROR} unknown tool {block.name!r} (tools: {names})", "unknown_tool"
         problem = self._argument_problem(block)
         return (f"{ERROR} bad arguments for {block.name}: {problem}", "bad_arguments") if problem else None
 
     def _argument_problem(self, call: ToolCall) -> str | None:
         """Why `call.arguments` do not fit its function's signature or the schema's types, else None."""
+        if call.name in self.mcp:
+            return self._schema_problem(call)
         signature = inspect.signature(self.functions[call.name])
         try:
             signature.bind(**call.arguments)
@@ -165,7 +185,26 @@ class ToolEnvironment(MultiTurnEnvironment):
                 return f"{key!r} must be {expected}, got {json.dumps(value)[:40]}"
         return None
 
+    def _schema_problem(self, call: ToolCall) -> str | None:
+        """Why `call.arguments` do not fit an MCP tool's JSON schema (required, unknown, declared types), else
+        None; the server validates the rest."""
+        schema = self._schemas[call.name]
+        properties = schema.get("properties") or {}
+        missing = [key for key in schema.get("required") or () if key not in call.arguments]
+        if missing:
+            return f"missing argument(s) {', '.join(map(repr, missing))}"
+        if schema.get("additionalProperties") is not True and (unknown := set(call.arguments) - set(properties)):
+            return f"unknown argument(s) {', '.join(map(repr, sorted(unknown)))}"
+        for key, value in call.arguments.items():
+            expected = properties.get(key, {}).get("type")
+            if isinstance(expected, str) and expected in JSON_TYPE_CHECKS and not JSON_TYPE_CHECKS[expected](value):
+                return f"{key!r} must be {expected}, got {json.dumps(value)[:40]}"
+        return None
+
     async def _call(self, call: ToolCall) -> tuple[str, str | None]:
+        if call.name in self.mcp:  # a dead or hung server raises McpServerFailed: the rollout fails
+            text, is_error = await self.mcp[call.name].call(call.name, call.arguments, self.tool_timeout_s)
+            return (f"{ERROR} {text}", "exception") if is_error else (text, None)
         fn = self.functions[call.name]
         try:
             if inspect.iscoroutinefunction(fn):

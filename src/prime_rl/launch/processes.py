@@ -6,25 +6,14 @@ with it) and, on Linux, is told by the kernel to stop if the launcher itself die
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Ask Linux to SIGTERM this child when the launcher dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+from prime_rl.utils.process_groups import die_with_parent, signal_group
 
 
 @dataclass
@@ -45,7 +34,7 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
 
     def poll(self) -> int | None:
@@ -56,12 +45,8 @@ class Child:
         return self.process is not None and self.process.poll() is None
 
     def signal_group(self, sig: int) -> None:
-        if self.process is None:
-            return
-        try:
-            os.killpg(self.process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.process is not None:
+            signal_group(self.process.pid, sig)
 
     def last_lines(self, count: int = 20) -> list[str]:
         try:

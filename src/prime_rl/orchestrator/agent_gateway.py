@@ -7,9 +7,9 @@ none: 401). The agent calls `chat/completions` as it would any OpenAI-compatible
 
 1. stitches the call into the session's segments (`agent_stitching.SessionStitcher`): the token ids to generate
    from are the session's own ids plus a template tail, or a fresh rendering when the agent edited its history;
-2. generates one reply from those ids on the run's inference servers (token in, token out), under the run's
-   sampling rule and `max_tokens` (a request's sampling fields do not change them: the trainer scores the reply
-   under the rule the batch records; a request's `max_tokens` may only lower the limit);
+2. generates one reply from those ids on the run's inference servers (token in, token out), under the session's
+   sampling rule and `max_tokens` (the run's; a request's sampling fields do not change them: the trainer scores
+   the reply under the rule the batch records; a request's `max_tokens` may only lower the limit);
 3. answers with the reply split as the template writes it: reasoning first (`reasoning_content`, also as
    `reasoning`; `orchestrator/reasoning.py`), then tool calls in the rest (`chat.tool_calls`); `stream = true` gets
    the same answer as server-sent events (role, reasoning, content, tool calls with their `index`, the finish, then
@@ -18,8 +18,10 @@ none: 401). The agent calls `chat/completions` as it would any OpenAI-compatible
    the segment.
 
 Calls of one session run one at a time, in arrival order (a session is one conversation; an agent that
-fans out opens a session per branch). `close_session` ends the session (its key is refused from then on) and
-returns its stitcher: the segments the trainer will see. `n` must be 1: a rollout's group is made of sessions.
+fans out opens a session per branch). `close_session` ends the session (its key is refused from then on, and a
+call still generating when it ends is dropped) and returns its stitcher: the segments the trainer will see. `n`
+must be 1: a rollout's group is made of sessions. `AgentRunner` (`orchestrator/agent_rollouts.py`) serves the app
+on 127.0.0.1 and runs the agents.
 """
 
 from __future__ import annotations
@@ -67,10 +69,15 @@ class Session:
     id: str
     key: str
     base_url: str
+    rule: SamplingRule
+    max_tokens: int
     seed: int | None
     stitcher: SessionStitcher
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     calls: int = 0
+    replies: list[dict[str, Any]] = field(default_factory=list)  # every assistant message returned, in order
+    weight_step: int | None = None  # the weight step its first call was admitted under
+    closed: bool = False
 
 
 def assistant_message(completion: RolloutCompletion, with_tools: bool, reasoning: ReasoningConfig | None
@@ -118,13 +125,10 @@ def _events(answer: dict[str, Any]) -> AsyncIterator[bytes]:
 class AgentGateway:
     """The sessions of a run's agent rollouts and the HTTP app that serves them (module docstring)."""
 
-    def __init__(self, client: InferenceClient, chat_tokens: ChatTokens, rule: SamplingRule, max_tokens: int,
-                 seq_len: int, served_model: str, reasoning: ReasoningConfig | None = None,
-                 root_url: str = "http://127.0.0.1"):
+    def __init__(self, client: InferenceClient, chat_tokens: ChatTokens, seq_len: int, served_model: str,
+                 reasoning: ReasoningConfig | None = None, root_url: str = "http://127.0.0.1"):
         self.client = client
         self.chat_tokens = chat_tokens
-        self.rule = rule
-        self.max_tokens = max_tokens
         self.seq_len = seq_len
         self.served_model = served_model
         self.reasoning = reasoning
@@ -132,18 +136,21 @@ class AgentGateway:
         self.sessions: dict[str, Session] = {}
         self.app = self._build_app()
 
-    def open_session(self, seed: int | None = None) -> Session:
-        """A new session: its own id, key and base URL (`seed`: the first call's sampling seed; call k uses
-        seed + k)."""
+    def open_session(self, rule: SamplingRule, max_tokens: int, seed: int | None = None) -> Session:
+        """A new session: its own id, key and base URL; its calls sample under `rule`, at most `max_tokens` each
+        (`seed`: the first call's sampling seed; call k uses seed + k)."""
         session_id = uuid.uuid4().hex
         session = Session(session_id, f"sk-session-{secrets.token_urlsafe(24)}",
-                          f"{self.root_url}/sessions/{session_id}/v1", seed, SessionStitcher(self.chat_tokens))
+                          f"{self.root_url}/sessions/{session_id}/v1", rule, max_tokens, seed,
+                          SessionStitcher(self.chat_tokens))
         self.sessions[session_id] = session
         return session
 
-    def close_session(self, session_id: str) -> SessionStitcher:
-        """End the session (its key is refused from now on) and return its segments."""
-        return self.sessions.pop(session_id).stitcher
+    def close_session(self, session_id: str) -> Session:
+        """End the session (its key is refused from now on; a call still generating is dropped) and return it."""
+        session = self.sessions.pop(session_id)
+        session.closed = True
+        return session
 
     def _session(self, request: Request, session_id: str) -> Session:
         """The session a call may use: its key, and only its key (401 otherwise, the same answer for an unknown or
@@ -167,17 +174,23 @@ class AgentGateway:
             if room < 1:
                 session.stitcher.abandon_call()
                 raise HTTPError(400, f"the conversation ({len(prompt_ids)} tokens) fills the context ({self.seq_len})")
-            limit = min(self.max_tokens, room, body.max_tokens or self.max_tokens)
+            limit = min(session.max_tokens, room, body.max_tokens or session.max_tokens)
             seed = None if session.seed is None else session.seed + session.calls
             try:
-                result = await self.client.complete(prompt_ids, 1, self.rule, limit, seed)
+                result = await self.client.complete(prompt_ids, 1, session.rule, limit, seed)
             except BaseException:
                 session.stitcher.abandon_call()
                 raise
+            if session.closed:  # the rollout ended while this call generated: nothing of it trains
+                session.stitcher.abandon_call()
+                raise HTTPError(401, "invalid API key for this session (or the session has ended)")
             (completion,) = result.completions
             message, finish = assistant_message(completion, body.parses_tool_calls, self.reasoning)
             session.stitcher.end_call(completion, message)
             session.calls += 1
+            session.replies.append(message)
+            if session.weight_step is None:
+                session.weight_step = result.weight_step
         answer_message = dict(message)
         if "reasoning_content" in message:
             answer_message["reasoning"] = message["reasoning_content"]

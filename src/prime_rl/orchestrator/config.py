@@ -315,6 +315,9 @@ class OrchestratorConfig(RunConfig):
                 raise ValueError(f"advantage.reward_kl makes the trainer compute the '{self.advantage.type}' "
                                  f"advantages from rewards minus the KL: {clashing[0]} needs the orchestrator's "
                                  "(turn one of them off)")
+        if self.advantage.trainer_step == "groups" and any(e.id == "agent" for e in self.env):
+            raise ValueError("advantage.reward_kl recomputes each group from one sample per rollout, but an agent "
+                             "rollout trains one sample per segment: turn reward_kl off for agent environments")
         names = [e.metric_name for e in self.env]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

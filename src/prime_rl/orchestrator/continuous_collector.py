@@ -118,7 +118,7 @@ class ContinuousCollector:
         self.finished.put_nowait(item)
 
     def is_stale(self, group: Group, step: int) -> bool:
-        oldest = min(group.result.policy_step(c) for c in group.result.completions)
+        oldest = min(group.policy_step(i) for i in range(len(group.rewards)))
         return step - oldest > self.max_async_level
 
     async def collect(self, step: int) -> Collected:

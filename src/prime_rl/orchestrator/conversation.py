@@ -58,6 +58,8 @@ class TurnStats:
     context_truncated: bool = False  # ended because the next turn would not fit seq_len
     reasoning_chars: int = 0  # characters of reasoning (`orchestrator/reasoning.py`) over its turns
     unfinished_reasoning: bool = False  # its last turn opened a reasoning block and never closed it
+    segments: int = 1  # training samples (an agent session that forked has several: `agent_stitching.py`)
+    forks: collections.Counter[str] = field(default_factory=collections.Counter)  # an agent session's, by reason
 
     def add_split(self, text: str, reasoning: ReasoningConfig | None) -> str:
         """Count `text`'s reasoning (under `reasoning`, None: no parser) and return what the environment sees:

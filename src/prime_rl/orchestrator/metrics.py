@@ -7,6 +7,7 @@ from collections import defaultdict
 import torch
 
 from prime_rl.envs.environment import TOOL_ERROR_KINDS
+from prime_rl.orchestrator.agent_stitching import FORK_REASONS
 from prime_rl.orchestrator.rollouts import Group
 
 
@@ -42,18 +43,20 @@ def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
     """seq_len/*, rollout/truncated_frac, rollout/env_error_frac, async/policy_lag_* (per rollout: its oldest token) and
     async/token_lag_* (per completion token: step - the weight step it was sampled under) over all
     generated rollouts."""
-    prompt_lens = [len(g.result.prompt_token_ids) for g in groups for _ in g.result.completions]
-    completion_lens = [len(c.token_ids) for g in groups for c in g.result.completions]
-    truncated = [c.truncated for g in groups for c in g.result.completions]
+    samples = [piece for g in groups for piece in g.all_trained()]
+    prompt_lens = [len(p) for p, _ in samples]
+    completion_lens = [len(c.token_ids) for _, c in samples]
+    rollouts = [c for g in groups for c in g.result.completions]  # an agent rollout's: its last segment
+    truncated = [c.truncated for c in rollouts]
     env_errors = sum(e is not None for g in groups for e in g.errors)
-    lags = [step - g.result.policy_step(c) for g in groups for c in g.result.completions]
-    token_lags = [step - s for g in groups for c in g.result.completions for s in c.weight_steps]
-    n = max(len(completion_lens), 1)
+    lags = [step - g.policy_step(i) for g in groups for i in range(len(g.rewards))]
+    token_lags = [step - s for _, c in samples for s in c.weight_steps]
+    n = max(len(rollouts), 1)
     return turn_metrics(groups) | {
         "async/token_lag_mean": sum(token_lags) / max(len(token_lags), 1),
         "async/token_lag_max": float(max(token_lags, default=0)),
-        "seq_len/prompt_mean": sum(prompt_lens) / n,
-        "seq_len/completion_mean": sum(completion_lens) / n,
+        "seq_len/prompt_mean": sum(prompt_lens) / max(len(samples), 1),
+        "seq_len/completion_mean": sum(completion_lens) / max(len(samples), 1),
         "seq_len/completion_max": float(max(completion_lens, default=0)),
         "rollout/truncated_frac": sum(truncated) / n,
         "rollout/env_error_frac": env_errors / n,
@@ -79,7 +82,10 @@ def turn_metrics(groups: list[Group]) -> dict[str, float]:
         "rollout/sampled_token_frac": sampled / max(sampled + env, 1),
         "seq_len/sampled_per_turn": sampled / turns,
         "seq_len/env_per_turn": env / turns,
+        "rollout/segments_mean": sum(s.segments for s in stats) / n,
     }
+    for reason in FORK_REASONS:
+        metrics[f"rollout/forks/{reason}"] = sum(s.forks[reason] for s in stats) / n
     for kind in TOOL_ERROR_KINDS:
         metrics[f"rollout/tool_errors/{kind}"] = sum(s.tool_errors[kind] for s in stats) / n
     return metrics

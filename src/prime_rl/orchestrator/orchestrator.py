@@ -36,9 +36,12 @@ from prime_rl.batch_format import write_step
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.configs.cli import run_main
 from prime_rl.envs import load_env
+from prime_rl.envs.agent import AgentEnvironment
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.models.vocabulary import local_tokenizer_vocab, tokenizer_vocab
 from prime_rl.monitor import Monitor
+from prime_rl.orchestrator.agent_gateway import AgentGateway
+from prime_rl.orchestrator.agent_rollouts import AgentRunner
 from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.collector import Collaborators, RolloutCollector
@@ -85,21 +88,21 @@ class Generated:
     state: OrchestratorState  # the checkpoint of a run resuming after this step
 
 
-def conversation_runner(config: OrchestratorConfig, source: ExampleSource) -> ConversationRunner | None:
-    """The token-in, token-out runner, with the served model's tokenizer, when an environment is multi-turn."""
-    if not any(env.multi_turn for env in source.envs.values()):
-        return None
+def token_runners(config: OrchestratorConfig, source: ExampleSource, client: InferenceClient | ServerPool
+                  ) -> tuple[ConversationRunner | None, AgentRunner | None, int | None]:
+    """The token-in, token-out runners the run's environments need (multi-turn conversations, agent sessions),
+    sharing the served model's tokenizer, and the tokenizer's id count (`models.vocabulary`: from that tokenizer
+    when loaded, else read from the model's files)."""
+    envs = source.envs.values()
+    agents = any(isinstance(env, AgentEnvironment) for env in envs)
+    if not agents and not any(env.multi_turn for env in envs):
+        return None, None, local_tokenizer_vocab(config.model.path, config.model.trust_remote_code)
     model = config.model
     chat_tokens = ChatTokens.load(model.path, model.trust_remote_code, config.chat_template_kwargs)
-    return ConversationRunner(chat_tokens, config.seq_len, config.reasoning)
-
-
-def sampled_vocab(config: OrchestratorConfig, conversations: ConversationRunner | None) -> int | None:
-    """The tokenizer's id count (`models.vocabulary`): from the multi-turn runner's tokenizer when there is one
-    (loaded once), else read from the model's files."""
-    if conversations is not None:
-        return tokenizer_vocab(conversations.chat_tokens.tokenizer)
-    return local_tokenizer_vocab(config.model.path, config.model.trust_remote_code)
+    conversations = ConversationRunner(chat_tokens, config.seq_len, config.reasoning)
+    runner = AgentRunner(AgentGateway(client, chat_tokens, config.seq_len, model.name, config.reasoning)
+                         ) if agents else None
+    return conversations, runner, tokenizer_vocab(chat_tokens.tokenizer)
 
 
 def eval_draws(config: OrchestratorConfig) -> list[Draw]:
@@ -128,11 +131,12 @@ class Orchestrator:
         self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
                                trusted_upto=state.step, in_flight=config.rollout_mode == "continuous")
-        conversations = conversation_runner(config, self.source)
+        conversations, self.agents, vocab = token_runners(config, self.source, client)
         # Sampled ids past the tokenizer's fail their rollout (`rollouts.cut_unsampleable`).
-        settings = RolloutSettings(config.sampling.max_tokens, config.truncated_reward,
-                                   sampled_vocab(config, conversations), config.chat_template_kwargs, config.reasoning)
-        generator = GroupGenerator(client, config.rollouts_per_example, config.sampling.rule, settings, conversations)
+        settings = RolloutSettings(config.sampling.max_tokens, config.truncated_reward, vocab,
+                                   config.chat_template_kwargs, config.reasoning)
+        generator = GroupGenerator(client, config.rollouts_per_example, config.sampling.rule, settings, conversations,
+                                   self.agents)
         self.advantages = GroupAdvantages(config.advantage, config.rollouts_per_example)
         parts = Collaborators(generator, self.source, self.sync, self.advantages)
         self.collector: RolloutCollector = COLLECTORS[config.rollout_mode](parts, config)
@@ -149,18 +153,29 @@ class Orchestrator:
         return metrics
 
     def samples(self, groups: list[Group], advantages: torch.Tensor) -> list[Sample]:
+        """Every trained sample of `groups`: one per rollout (an agent rollout: one per segment, each with the
+        rollout's advantage and reward)."""
         samples = []
         for index, (group, row) in enumerate(zip(groups, advantages.tolist(), strict=True)):
-            for completion, advantage, reward in zip(group.result.completions, row, group.rewards, strict=True):
-                train = not (self.config.mask_truncated and completion.truncated)
-                sample = Sample(group.result.prompt_token_ids, completion.token_ids, completion.logprobs, advantage,
-                                group.result.policy_step(completion), train, completion.mask, reward=reward,
-                                group=index)
-                if len(sample) > self.config.seq_len:
-                    log.warning(f"a rollout of {len(sample)} tokens is cut to seq_len {self.config.seq_len}")
-                    sample = sample.truncate(self.config.seq_len)
-                samples.append(sample)
+            for rollout, (advantage, reward) in enumerate(zip(row, group.rewards, strict=True)):
+                for prompt_ids, completion in group.trained(rollout):
+                    train = not (self.config.mask_truncated and completion.truncated)
+                    sample = Sample(prompt_ids, completion.token_ids, completion.logprobs, advantage,
+                                    group.result.policy_step(completion), train, completion.mask, reward=reward,
+                                    group=index)
+                    if len(sample) > self.config.seq_len:
+                        log.warning(f"a rollout of {len(sample)} tokens is cut to seq_len {self.config.seq_len}")
+                        sample = sample.truncate(self.config.seq_len)
+                    samples.append(sample)
         return samples
+
+    async def close(self) -> None:
+        """Stop the collector's rollouts in flight and the agent gateway."""
+        try:
+            await self.collector.stop()
+        finally:
+            if self.agents is not None:
+                await self.agents.stop()
 
     async def step(self, step: int) -> dict[str, float]:
         """Generate step `step`, then finish it (`run_steps` overlaps the two parts of consecutive steps)."""
@@ -202,7 +217,7 @@ class Orchestrator:
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
         metrics |= {
             "rollout/filtered_frac": 1 - sum(len(g.rewards) for g in kept) / total,
-            "rollout/num_samples": float(sum(len(g.rewards) for g in kept)),
+            "rollout/num_samples": float(len(samples)),
             "rollout/micro_batches_per_rank": float(len(batches[0].micro_batches)),
             "perf/step_time_s": time.monotonic() - generated.start,
         }
@@ -269,7 +284,7 @@ async def run(config: OrchestratorConfig) -> None:
             try:
                 await run_steps(orch, monitor, state.step)
             finally:
-                await orch.collector.stop()
+                await orch.close()
     finally:
         monitor.close()
     log.info(f"done: wrote rollouts for steps {state.step}..{config.max_steps - 1}")

@@ -3,11 +3,12 @@
 A *group* is one example with its `n` rollouts, each scored by the example's environment
 (`score_rollout`, or `score_group` for all `n` at once). A single-turn rollout is one chat
 completion; a multi-turn one is a conversation run token-in, token-out
-(`orchestrator/conversation.py`). The draws come from `orchestrator/draws.py`; an environment
+(`orchestrator/conversation.py`); an agent's is what its session recorded, one sample per segment
+(`orchestrator/agent_rollouts.py`). The draws come from `orchestrator/draws.py`; an environment
 call that raises or outlasts its timeout fails the rollout (a whole group, for `score_group`)
 as `orchestrator/env_calls.py` says. `GroupGenerator` is the one way a draw becomes a group: it
 holds what every request of a run shares (the client, `n`, the sampling rule, the
-`RolloutSettings`, the multi-turn runner); the rollout collectors (`orchestrator/collector.py`)
+`RolloutSettings`, the multi-turn and agent runners); the rollout collectors (`orchestrator/collector.py`)
 and the evaluation use it.
 """
 
@@ -16,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prime_rl.envs import Example, Reward
+from prime_rl.envs.agent import AgentEnvironment
 from prime_rl.envs.environment import Rollout
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.orchestrator.client import ChatResult, InferenceClient
+from prime_rl.orchestrator.agent_rollouts import AgentRunner, TrainedPiece
+from prime_rl.orchestrator.client import ChatResult, InferenceClient, RolloutCompletion
 from prime_rl.orchestrator.config import ReasoningConfig
 from prime_rl.orchestrator.conversation import ConversationRunner, TurnStats
 from prime_rl.orchestrator.draws import Draw
@@ -55,6 +58,22 @@ class Group:
     components: list[dict[str, float]]
     errors: list[str | None] = field(default_factory=list)  # per rollout: why it failed (None: it did not)
     stats: list[TurnStats] = field(default_factory=list)  # per rollout
+    pieces: list[list[TrainedPiece]] | None = None  # per agent rollout: its segments (None: one sample each)
+
+    def trained(self, index: int) -> list[TrainedPiece]:
+        """Rollout `index` as the samples it trains, (prompt ids, completion) each: the group's prompt and its
+        completion, or an agent rollout's segments (none when its agent never called the model)."""
+        if self.pieces is None:
+            return [(self.result.prompt_token_ids, self.result.completions[index])]
+        return self.pieces[index]
+
+    def all_trained(self) -> list[TrainedPiece]:
+        """Every sample of the group, rollout after rollout."""
+        return [piece for index in range(len(self.rewards)) for piece in self.trained(index)]
+
+    def policy_step(self, index: int) -> int:
+        """The oldest weight step of rollout `index`'s tokens (the admission step when it has none)."""
+        return min((self.result.policy_step(c) for _, c in self.trained(index)), default=self.result.weight_step)
 
 
 def request_seed(seed: int, step: int, index: int) -> int:
@@ -123,15 +142,17 @@ async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | 
     return Group(draw.env, draw.example, result, totals, [r.components for r in rewards], errors, list(stats))
 
 
-def cut_unsampleable(draw: Draw, result: ChatResult, vocab: int | None, failed: list[str | None]) -> list[str | None]:
-    """Cut every completion at its first token id >= `vocab` (the tokenizer's ids, `models.vocabulary`: a padded
-    row of the output embedding that a server sampled; vLLM does not mask them) and fail that rollout alone:
-    reward 0 and a sparse warning, whatever the environment's `on_error` (the server, not the environment, made
-    it), so no trainer ever scores an id outside the sampled vocabulary and no such sample ends a run."""
+def cut_unsampleable(draw: Draw, rollouts: list[list[RolloutCompletion]], vocab: int | None,
+                     failed: list[str | None]) -> list[str | None]:
+    """Cut every completion of each rollout (its samples) at its first token id >= `vocab` (the tokenizer's ids,
+    `models.vocabulary`: a padded row of the output embedding that a server sampled; vLLM does not mask them)
+    and fail that rollout alone: reward 0 and a sparse warning, whatever the environment's `on_error` (the
+    server, not the environment, made it), so no trainer ever scores an id outside the sampled vocabulary and no
+    such sample ends a run."""
     if vocab is None:
         return failed
     failed = list(failed)
-    for i, c in enumerate(result.completions):
+    for i, c in ((i, c) for i, completions in enumerate(rollouts) for c in completions):
         bad = next((k for k, t in enumerate(c.token_ids) if not 0 <= t < vocab), None)
         if bad is None:
             continue
@@ -151,14 +172,16 @@ def cut_unsampleable(draw: Draw, result: ChatResult, vocab: int | None, failed: 
 class GroupGenerator:
     """Draws to scored groups against the inference server(s): `n` rollouts of each draw under `rule` and
     `settings`, a multi-turn environment's through `conversations` (token in, token out; None: no environment
-    of the run is multi-turn), the others as one chat request each (at most the client's `max_concurrency` in
-    flight). A completion holding an id past `settings.vocab` is cut there and fails alone (`cut_unsampleable`)."""
+    of the run is multi-turn), an agent environment's through `agents` (None: no agent environment), the others
+    as one chat request each (at most the client's `max_concurrency` in flight). A completion holding an id past
+    `settings.vocab` is cut there and fails alone (`cut_unsampleable`)."""
 
     client: InferenceClient | ServerPool
     n: int
     rule: SamplingRule
     settings: RolloutSettings
     conversations: ConversationRunner | None = None
+    agents: AgentRunner | None = None
 
     async def generate(self, draws: list[Draw], seeds: list[int | None]) -> list[Group]:
         """One scored group per draw, in the draws' order; `seeds[i]` seeds draw i's request."""
@@ -166,14 +189,23 @@ class GroupGenerator:
 
     async def _group(self, draw: Draw, seed: int | None) -> Group:
         settings = self.settings
+        if isinstance(draw.environment, AgentEnvironment):
+            if self.agents is None:
+                raise UserError(f"environment '{draw.env}' runs an agent, but no agent runner was set up")
+            out = await self.agents.run_group(draw, self.n, self.rule, settings.max_tokens, seed)
+            failed = cut_unsampleable(draw, [[c for _, c in rollout] for rollout in out.pieces], settings.vocab,
+                                      out.failed)
+            group = await score_group(draw, out.result, settings.truncated_reward, out.rollouts, out.stats, failed)
+            return replace(group, pieces=out.pieces)
         if draw.environment.multi_turn:
             if self.conversations is None:
                 raise UserError(f"environment '{draw.env}' is multi-turn, but no conversation runner was set up")
             result, rollouts, stats, failed = await self.conversations.run_group(
                 self.client, draw, self.n, self.rule, settings.max_tokens, seed)
-            failed = cut_unsampleable(draw, result, settings.vocab, failed)
+            failed = cut_unsampleable(draw, [[c] for c in result.completions], settings.vocab, failed)
             return await score_group(draw, result, settings.truncated_reward, rollouts, stats, failed)
         result = await self.client.chat(draw.example.prompt, self.n, self.rule, settings.max_tokens, seed,
                                         template_kwargs=settings.template_kwargs)
-        failed = cut_unsampleable(draw, result, settings.vocab, [None] * len(result.completions))
+        failed = cut_unsampleable(draw, [[c] for c in result.completions], settings.vocab,
+                                  [None] * len(result.completions))
         return await score_group(draw, result, settings.truncated_reward, failed=failed, reasoning=settings.reasoning)

@@ -1,15 +1,40 @@
 """`import_object("pkg.module:attr")`: the one way prime-rl imports user code named in a config.
 
-Used for custom losses, custom advantages and environment classes. A path is resolved once
-per process (cached), so a config validator that checks it and the code that calls it share
-one import.
+Used for custom losses, custom advantages, environment classes and agent functions. The module is a module
+name on the import path (`pkg.module`) or a Python file (`path/to/file.py`, relative to the working directory:
+`examples/agent/openai_loop.py:run` needs no PYTHONPATH). A path is resolved once per process (cached), so a
+config validator that checks it and the code that calls it share one import.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+
+def _module_from_file(path: str) -> ModuleType:
+    """The module of Python file `path`, imported once per process under a name made from its resolved path (two
+    files of one name stay apart)."""
+    file = Path(path).resolve()
+    name = "prime_rl_user." + "_".join(file.with_suffix("").parts[1:]).replace(".", "_").replace("-", "_")
+    if name in sys.modules:
+        return sys.modules[name]
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 @functools.cache
@@ -26,7 +51,8 @@ def import_object(import_path: str) -> Any:
     if not module_name or not attr:
         raise ValueError(f"import path {import_path!r} must look like 'pkg.module:name' or 'pkg.module.name'")
     try:
-        module = importlib.import_module(module_name)
+        module = _module_from_file(module_name) if module_name.endswith(".py") else importlib.import_module(
+            module_name)
     except Exception as exc:  # an ImportError or whatever the module raises on import
         raise ValueError(f"cannot import module {module_name!r} of {import_path!r}: {exc}") from None
     try:

@@ -1,0 +1,173 @@
+"""Agent rollouts: the gateway served on loopback, one session per rollout, the agent run under its limits.
+
+`AgentRunner` serves the run's `AgentGateway` (`agent_gateway.py`) on 127.0.0.1 (a free port, in the
+orchestrator's own event loop, from the first agent rollout until the orchestrator stops). An agent function's
+`openai` client runs in this process too: its HTTP client hands requests to the gateway's app directly (the same
+app, the same answers, no socket), which roughly halves the orchestrator's CPU on a 256-session step against
+loopback HTTP; commands, and any other client a function builds from the session's URL, use the socket.
+
+For a draw of an `agent` environment (`envs/agent.py`) and `n` rollouts it opens `n` sessions, each sampling under
+the run's rule with the rollout's seed, runs the environment's agent program once per session (at most its
+`max_concurrency` at once, each within its `timeout_s`), and closes the session when the agent returns, fails or
+times out: a call still generating then is dropped, and the session's key is refused from then on.
+
+What a rollout trains is its session's segments (`agent_stitching.py`): each one a sample with its own prompt,
+every one with the rollout's reward and advantage. What the environment scores (when the agent returned no
+reward) is the recorded conversation: the messages of the session's last call after the example's prompt, then
+the reply it got. A rollout fails (reward 0, under the environment's `on_error`) when its agent raised, exited
+non-zero, printed no reward, outlasted its limit, or never called the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from prime_rl.envs.agent import AGENT_REWARD, AgentEnvironment
+from prime_rl.envs.environment import Example, Reward, Rollout
+from prime_rl.models.sampling_rule import SamplingRule
+from prime_rl.orchestrator.agent_gateway import AgentGateway, Session
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
+from prime_rl.orchestrator.conversation import TurnStats
+from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.env_calls import EnvironmentFailed, report_failure
+
+TrainedPiece = tuple[list[int], RolloutCompletion]
+"""One sample of a rollout: its prompt ids and what follows them."""
+
+
+@dataclass
+class AgentGroup:
+    """The `n` agent rollouts of one draw: per rollout its segments as samples, the conversation to score, how it
+    went and why it failed (None: it did not); `result` summarises each rollout by its last segment."""
+
+    result: ChatResult
+    pieces: list[list[TrainedPiece]]
+    rollouts: list[Rollout]
+    stats: list[TurnStats]
+    failed: list[str | None]
+
+
+class _LoopServer(uvicorn.Server):
+    """uvicorn inside the orchestrator's loop: the orchestrator, not the gateway, owns the process's signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def conversation_after_prompt(example: Example, session: Session) -> list[dict]:
+    """The messages the environment scores: the last call's messages after the example's prompt (all of them when
+    the agent sent another opening), then its reply."""
+    if not session.stitcher.segments:
+        return []
+    messages = session.stitcher.segments[-1].messages
+    prompt = [{"role": m["role"], "content": m["content"]} for m in example.prompt]
+    opening = [{"role": m.get("role"), "content": m.get("content")} for m in messages[:len(prompt)]]
+    return [dict(m) for m in messages[len(prompt) if opening == prompt else 0:]]
+
+
+def session_stats(session: Session) -> TurnStats:
+    """How a session went: calls as turns, sampled and template tokens, the tool calls the policy made, the
+    reasoning it wrote, its segments and forks by reason."""
+    segments = session.stitcher.segments
+    sampled = sum(sum(s.mask) for s in segments)
+    return TurnStats(turns=session.calls, sampled_tokens=sampled,
+                     env_tokens=sum(len(s.mask) for s in segments) - sampled,
+                     tool_calls=sum(len(m.get("tool_calls") or ()) for m in session.replies),
+                     reasoning_chars=sum(len(m.get("reasoning_content") or "") for m in session.replies),
+                     segments=len(segments), forks=collections.Counter(session.stitcher.forks))
+
+
+class AgentRunner:
+    """Serves the gateway and runs agent rollouts (module docstring)."""
+
+    def __init__(self, gateway: AgentGateway):
+        self.gateway = gateway
+        self._server: _LoopServer | None = None
+        self._serving: asyncio.Task | None = None
+        self._http: httpx.AsyncClient | None = None  # the agent functions' connections to the gateway
+        self._starting = asyncio.Lock()
+        self._limits: dict[str, asyncio.Semaphore] = {}
+
+    async def start(self) -> None:
+        """Serve the gateway on a free loopback port (once; later calls return at once)."""
+        async with self._starting:
+            if self._serving is not None:
+                return
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            self.gateway.root_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            config = uvicorn.Config(self.gateway.app, log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=1)
+            self._server = _LoopServer(config)
+            self._serving = asyncio.create_task(self._server.serve(sockets=[sock]))
+            while not self._server.started:
+                if self._serving.done():
+                    self._serving.result()  # raises why it did not start
+                    raise RuntimeError("the agent gateway stopped before it started")
+                await asyncio.sleep(0.01)
+            # Agent functions run in this process: their client calls the gateway's app directly (no socket, no
+            # HTTP parsing, no connection pool, whose per-request scan of every connection dominated the CPU of
+            # 256 concurrent sessions); what they read is what the served app answers.
+            self._http = httpx.AsyncClient(transport=httpx.ASGITransport(self.gateway.app, raise_app_exceptions=False),
+                                           timeout=httpx.Timeout(None))
+
+    async def stop(self) -> None:
+        """Stop serving (every open session's calls fail from then on)."""
+        if self._serving is None:
+            return
+        await self._http.aclose()
+        self._server.should_exit = True
+        with contextlib.suppress(Exception):
+            await self._serving
+        self._serving = self._server = self._http = None
+
+    async def run_group(self, draw: Draw, n: int, rule: SamplingRule, max_tokens: int, seed: int | None
+                        ) -> AgentGroup:
+        """`n` agent rollouts of `draw` (module docstring)."""
+        await self.start()
+        env = draw.environment
+        assert isinstance(env, AgentEnvironment)
+        limit = self._limits.setdefault(draw.env, asyncio.Semaphore(env.max_concurrency))
+
+        async def one(index: int) -> tuple[Session, Reward | None, str | None]:
+            async with limit:
+                session = self.gateway.open_session(rule, max_tokens, None if seed is None else seed + index)
+                reward = None
+                try:
+                    reward = await asyncio.wait_for(
+                        env.program.run(session.base_url, session.key, draw.example, self._http), env.timeout_s)
+                    why = None if session.calls else "the agent never called the model"
+                except TimeoutError:
+                    why = f"the agent took longer than timeout_s = {env.timeout_s:g}s"
+                except EnvironmentFailed:
+                    raise
+                except Exception as exc:  # an agent's bug fails its rollout, not the run
+                    why = f"the agent failed: {type(exc).__name__}: {str(exc)[:300]}"
+                finally:
+                    self.gateway.close_session(session.id)
+            return session, reward, (None if why is None else report_failure(draw, why))
+
+        done = await asyncio.gather(*(one(i) for i in range(n)))
+        return self._group(draw, done)
+
+    @staticmethod
+    def _group(draw: Draw, done: list[tuple[Session, Reward | None, str | None]]) -> AgentGroup:
+        pieces = [[(s.prompt_ids, s.completion()) for s in session.stitcher.segments] for session, _, _ in done]
+        steps = [step for rollout in pieces for _, c in rollout for step in c.weight_steps]
+        last = [rollout[-1][1] if rollout else RolloutCompletion([], [], "", "stop") for rollout in pieces]
+        prompt = next((rollout[0][0] for rollout in pieces if rollout), [])
+        rollouts = []
+        for (session, reward, _), completion in zip(done, last, strict=True):
+            state = {AGENT_REWARD: reward} if reward is not None else {}
+            rollouts.append(Rollout(conversation_after_prompt(draw.example, session), completion.truncated, state))
+        return AgentGroup(ChatResult(prompt, min(steps, default=0), last), pieces, rollouts,
+                          [session_stats(session) for session, _, _ in done], [why for _, _, why in done])

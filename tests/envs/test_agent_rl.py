@@ -1,0 +1,32 @@
+"""Agents that own their loop, trained on policy (in-process `rl`, max_async_level 0, fp32, builtin backend): the
+example's Agents SDK agent and plain `openai` loop on the calculator task. The trainer's logprobs equal the
+server's at every step (mismatch KL < 1e-6), which holds only if every trained token sits where it was sampled;
+a resumed run logs every step once."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.rl_in_process import on_policy_run
+from tests.support.rl_runs import logged_steps
+
+pytestmark = [pytest.mark.slow]
+
+
+def agent_env(agent: str) -> str:
+    return ('[[orchestrator.env]]\nid = "agent"\n'
+            f'args = {{ function = "examples/agent/{agent}.py:run", task = {{ id = "calculator" }} }}\n')
+
+
+@pytest.mark.parametrize("agent", ["agents_sdk", "openai_loop"])
+def test_an_agent_trains_exactly_the_tokens_it_sampled_and_resumes(tmp_path, agent):
+    run = on_policy_run(tmp_path, agent_env(agent), seq_len=512, max_tokens=96, model="tiny-calculator",
+                        max_steps=2)
+    for step, row in run.rows("orchestrator").items():
+        assert row["rollout/env_error_frac"] == 0 and row["rollout/segments_mean"] == 1, (step, row)
+        assert row["rollout/tool_calls_mean"] > 0.5 and row["rollout/turns_mean"] > 1.5, (step, row)
+        assert row["rollout/sampled_token_frac"] < 1 and "reward/agent/exact_match" in row, (step, row)
+    if agent == "openai_loop":
+        resumed = on_policy_run(tmp_path, "", seq_len=512, max_tokens=96, max_steps=3, resume=True)
+        for source in ("orchestrator", "trainer"):
+            assert logged_steps(resumed.run_dir, source) == [0, 1, 2], source
