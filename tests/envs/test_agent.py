@@ -24,6 +24,7 @@ async def run(client, example):
     (1, Reward(1.0)),
     (-0.5, Reward(-0.5)),
     (Reward(0.25, {"a": 1.0}), Reward(0.25, {"a": 1.0})),
+    (Reward(1, {"a": True * 0 + 1}), Reward(1.0, {"a": 1.0})),
     ({"reward": 0.75}, Reward(0.75)),
     ({"reward": 1, "components": {"exact": 1, "format": 0.5}}, Reward(1.0, {"exact": 1.0, "format": 0.5})),
     ({"reward": None}, None),
@@ -42,6 +43,9 @@ def test_an_agent_may_return_a_number_a_reward_an_object_or_nothing(value, rewar
     ({"reward": 1.0, "extra": 2}, "needs 'reward'"),
     ({"reward": 1.0, "components": {"a": "high"}}, "finite number"),
     ({"reward": 1.0, "components": [1.0]}, "must be an object of numbers"),
+    (Reward(1.0, {"a": "x"}), "finite number"),
+    (Reward(math.nan), "finite number"),
+    (10**400, "finite number"),
 ])
 def test_anything_else_an_agent_returns_is_named(value, message):
     with pytest.raises(ValueError, match=message):

@@ -24,7 +24,7 @@ def test_an_agent_trains_exactly_the_tokens_it_sampled_and_resumes(tmp_path, age
                         max_steps=2)
     for step, row in run.rows("orchestrator").items():
         assert row["rollout/env_error_frac"] == 0 and row["rollout/segments_mean"] == 1, (step, row)
-        assert row["rollout/tool_calls_mean"] > 0.5 and row["rollout/turns_mean"] > 1.5, (step, row)
+        assert row["rollout/tool_calls_mean"] > 0.25 and row["rollout/turns_mean"] > 1.25, (step, row)
         assert row["rollout/sampled_token_frac"] < 1 and "reward/agent/exact_match" in row, (step, row)
     if agent == "openai_loop":
         resumed = on_policy_run(tmp_path, "", seq_len=512, max_tokens=96, max_steps=3, resume=True)

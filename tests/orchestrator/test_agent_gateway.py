@@ -126,8 +126,10 @@ def test_a_streamed_answer_reads_as_the_same_answer():
             finish = chunk.choices[0].finish_reason or finish
         assert content == whole.message.content == "Sure."
         assert reasoning == whole.message.model_extra["reasoning_content"] == "hm"
-        assert [calls[i] for i in sorted(calls)] == [(c.id, c.function.name, c.function.arguments)
-                                                    for c in whole.message.tool_calls]
+        assert [calls[i][1:] for i in sorted(calls)] == [(c.function.name, c.function.arguments)
+                                                        for c in whole.message.tool_calls]
+        ids = [calls[i][0] for i in sorted(calls)] + [c.id for c in whole.message.tool_calls]
+        assert len(set(ids)) == 4 and all(i.startswith("call_") for i in ids)  # unique in the session
         assert finish == whole.finish_reason == "tool_calls"
 
     asyncio.run(run())

@@ -23,7 +23,7 @@ from prime_rl.envs.environment import Example
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.agent_gateway import AgentGateway
 from prime_rl.orchestrator.agent_rollouts import AgentRunner
-from prime_rl.orchestrator.config import EnvConfig
+from prime_rl.orchestrator.config import EnvConfig, OrchestratorConfig
 from prime_rl.orchestrator.draws import Draw
 from prime_rl.orchestrator.env_calls import EnvironmentFailed
 from prime_rl.orchestrator.metrics import rollout_metrics
@@ -68,6 +68,25 @@ async def slow_agent(client, example):
     await client.chat.completions.create(model="policy", messages=list(example.prompt))  # the server is slow
 
 
+async def exiting_agent(client, example):
+    await client.chat.completions.create(model="policy", messages=list(example.prompt))
+    raise SystemExit(3)  # a library's sys.exit: the rollout's end, not the orchestrator's
+
+
+async def parts_agent(client, example):
+    """An SDK-style call whose content is a list of text parts."""
+    parts = [{"type": "input_text", "text": "2*3"}, {"type": "text", "text": " and 2+3?"}]
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": parts}])
+    return 1.0
+
+
+async def numpy_reward_agent(client, example):
+    import numpy as np
+
+    await client.chat.completions.create(model="policy", messages=list(example.prompt))
+    return np.float32(0.5)
+
+
 async def bad_reward_agent(client, example):
     await client.chat.completions.create(model="policy", messages=list(example.prompt))
     return "high"
@@ -97,28 +116,28 @@ def generate(server: ScriptedServer, draw: Draw, n: int = 2, seq_len: int = 4096
 @pytest.mark.slow  # imports the Agents SDK (~3 s)
 @pytest.mark.parametrize("tokenizer", ["qwen3", "llama3"])
 def test_the_examples_agents_sdk_agent_with_two_tools_and_a_parallel_call_trains_exactly_the_sampled_ids(tokenizer):
-    def reply(prompt: str) -> str:
-        answered = "<tool_response>" in prompt or "tool<|end_header_id|>" in prompt  # Qwen3's or Llama 3's
-        return "6 and 5" if answered else PARALLEL_CALLS
+    def reply(prompt: str) -> str:  # two turns of parallel calls (tool results: Qwen3's or Llama 3's), then the answer
+        answered = prompt.count("<tool_response>") + prompt.count("tool<|end_header_id|>")
+        return "6 and 5" if answered >= 4 else PARALLEL_CALLS
 
     server = ScriptedServer(reply, tokenizer)
     group, runner = generate(server, draw_for(function="examples/agent/agents_sdk.py:run"), n=1)
     assert group.errors == [None] and group.rewards == [1.0]  # the task scored the SDK's final answer
-    ((prompt_ids, completion),) = group.trained(0)  # one segment: the tool results extend it
+    ((prompt_ids, completion, _),) = group.trained(0)  # one segment: the tool results extend it
     assert sampled_runs(SimpleNamespace(token_ids=completion.token_ids, mask=completion.mask)) == server.sampled
     sampled_logprobs = [lp for lp, keep in zip(completion.logprobs, completion.mask, strict=True) if keep]
     assert sampled_logprobs == [-call / 100 for call, ids in enumerate(server.sampled, 1) for _ in ids]
     assert completion.weight_steps == [call for call, ids in enumerate(server.sampled, 1) for _ in ids]
     assert all(lp == 0 for lp, keep in zip(completion.logprobs, completion.mask, strict=True) if not keep)
-    stats = group.stats[0]
-    assert (stats.turns, stats.tool_calls, stats.segments, sum(stats.forks.values())) == (2, 2, 1, 0)
+    stats = group.stats[0]  # the second turn's calls got ids of their own (the SDK refuses a reused one)
+    assert (stats.turns, stats.tool_calls, stats.segments, sum(stats.forks.values())) == (3, 4, 1, 0)
     assert completion.text == "6 and 5" and not runner.gateway.sessions
 
 
 def test_a_plain_openai_agent_over_four_turns_is_one_sample_scored_by_the_task():
     server = ScriptedServer(lambda prompt: "6 and 5")
     group, _ = generate(server, draw_for(function=f"{HERE}:four_turn_agent"), n=1)
-    ((_, completion),) = group.trained(0)
+    ((_, completion, _),) = group.trained(0)
     assert group.stats[0].turns == 4 and sampled_runs(SimpleNamespace(token_ids=completion.token_ids,
                                                                       mask=completion.mask)) == server.sampled
     assert group.rewards == [1.0] and group.components[0]["exact_match"] == 1.0  # the calculator task scored it
@@ -128,21 +147,44 @@ def test_every_history_edit_is_a_sample_of_its_own_with_the_rollouts_advantage()
     server = ScriptedServer(lambda prompt: "ok")
     group, _ = generate(server, draw_for(function=f"{HERE}:editing_agent"), n=1)
     pieces = group.trained(0)
-    assert [len(sampled_runs(SimpleNamespace(token_ids=c.token_ids, mask=c.mask))) for _, c in pieces] == [2, 1, 1]
+    runs = [sampled_runs(SimpleNamespace(token_ids=c.token_ids, mask=c.mask)) for _, c, _ in pieces]
+    assert [len(r) for r in runs] == [2, 1, 1]
     assert dict(group.stats[0].forks) == {"history_edit": 1, "retry": 1} and group.stats[0].segments == 3
-    trained = [t for _, c in pieces for t, keep in zip(c.token_ids, c.mask, strict=True) if keep]
+    trained = [t for _, c, _ in pieces for t, keep in zip(c.token_ids, c.mask, strict=True) if keep]
     assert trained == [t for ids in server.sampled for t in ids]  # every sampled id trains, once
     stub = SimpleNamespace(config=SimpleNamespace(mask_truncated=False, seq_len=4096))
     samples = Orchestrator.samples(stub, [group], torch.tensor([[0.5]]))
-    assert [s.prompt_ids for s in samples] == [p for p, _ in pieces]
+    assert [s.prompt_ids for s in samples] == [p.prompt_ids for p in pieces]
     assert [(s.advantage, s.reward, s.group) for s in samples] == [(0.5, group.rewards[0], 0)] * 3
     metrics = rollout_metrics([group], 0)
     assert metrics["rollout/segments_mean"] == 3 and metrics["rollout/forks/retry"] == 1
-    assert metrics["seq_len/prompt_mean"] == sum(len(p) for p, _ in pieces) / 3
+    assert metrics["seq_len/prompt_mean"] == sum(len(p.prompt_ids) for p in pieces) / 3
+
+
+def test_a_turn_discount_gives_each_call_its_share_of_the_rollouts_advantage():
+    server = ScriptedServer(lambda prompt: "ok")
+    group, _ = generate(server, draw_for(function=f"{HERE}:editing_agent", turn_discount=0.5), n=1)
+    stub = SimpleNamespace(config=SimpleNamespace(mask_truncated=False, seq_len=4096))
+    samples = Orchestrator.samples(stub, [group], torch.tensor([[-2.0]]))  # 4 calls over 3 segments: 2, 1, 1
+    shares = [sorted({a for a, keep in zip(s.token_advantages, s.completion_mask, strict=True) if keep})
+              for s in samples]
+    assert shares == [[-0.5, -0.25], [-1.0], [-2.0]]  # gamma^3, gamma^2 | gamma | 1 of -2 (sorted ascending)
+    assert all(s.advantage == -2.0 for s in samples)
+
+
+def test_a_turn_discount_is_refused_where_another_advantage_replaces_the_orchestrators():
+    env = {"id": "agent", "args": {"task": {"id": "calculator"}, "function": f"{HERE}:silent_agent",
+                                   "turn_discount": 0.9}}
+    OrchestratorConfig(env=[env])
+    with pytest.raises(ValueError, match="turn_discount scales the orchestrator's advantage per token"):
+        OrchestratorConfig(env=[env], advantage={"type": "reinforce_plus_plus"})
+    with pytest.raises(ValueError, match="need 0 < turn_discount <= 1"):
+        EnvConfig(id="agent", args={**env["args"], "turn_discount": 0})
 
 
 @pytest.mark.parametrize("agent, why", [
     ("raising_agent", "the agent failed: RuntimeError: the agent's own bug"),
+    ("exiting_agent", "the agent failed: RuntimeError: it called sys.exit(3)"),
     ("silent_agent", "the agent never called the model"),
     ("bad_reward_agent", "a reward must be a finite number"),
 ])
@@ -150,7 +192,7 @@ def test_an_agent_that_fails_fails_its_rollout_and_nothing_of_it_stays_open(agen
     server = ScriptedServer(lambda prompt: "ok")
     group, runner = generate(server, draw_for(function=f"{HERE}:{agent}"))
     assert group.rewards == [0.0, 0.0] and all(why in error for error in group.errors), group.errors
-    assert not runner.gateway.sessions
+    assert group.trained(0) == group.trained(1) == [] and not runner.gateway.sessions  # nothing of it trains
 
 
 def test_an_agent_past_its_time_limit_fails_and_its_call_in_flight_is_dropped():
@@ -160,6 +202,15 @@ def test_an_agent_past_its_time_limit_fails_and_its_call_in_flight_is_dropped():
     assert time.monotonic() - started < 2.0 + 1.5
     assert all("longer than timeout_s = 0.3s" in e for e in group.errors) and group.rewards == [0.0, 0.0]
     assert group.trained(0) == [] and not runner.gateway.sessions
+
+
+def test_text_parts_are_text_and_a_numpy_reward_is_a_number():
+    server = ScriptedServer(lambda prompt: "ok")
+    group, _ = generate(server, draw_for(function=f"{HERE}:parts_agent"), n=1)
+    assert group.errors == [None] and group.rewards == [1.0]
+    assert "2*3 and 2+3?" in server.chat.tokenizer.decode(group.trained(0)[0].prompt_ids)
+    group, _ = generate(server, draw_for(function=f"{HERE}:numpy_reward_agent"), n=1)
+    assert group.errors == [None] and group.rewards == [0.5]
 
 
 def test_on_error_fail_ends_the_run_with_the_agents_failure():
@@ -190,6 +241,24 @@ def test_a_command_agent_reads_its_session_from_the_environment_and_prints_its_r
 
 
 @pytest.mark.slow  # starts Python processes
+def test_a_command_sees_its_session_not_the_runs_settings_and_may_leave_a_child_holding_its_output(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIME_CLIENT__API_KEY", "the-inference-servers-key")
+    argv = command(tmp_path, """
+        import json, os, subprocess, sys
+        import openai
+        subprocess.Popen(["sleep", "60"])  # inherits stdout and stderr, outlives the command
+        example = json.load(sys.stdin)
+        openai.OpenAI().chat.completions.create(model="policy", messages=example["prompt"])
+        sys.stderr.write("x" * 200_000)
+        print(json.dumps(float("PRIME_CLIENT__API_KEY" not in os.environ)))
+    """)
+    started = time.monotonic()
+    group, _ = generate(ScriptedServer(lambda prompt: "ok"), draw_for(command=argv, timeout_s=30.0), n=1)
+    assert group.errors == [None] and group.rewards == [1.0] and time.monotonic() - started < 20
+
+
+@pytest.mark.slow  # starts Python processes
 @pytest.mark.parametrize("body, why", [
     ("import sys; sys.stderr.write('boom\\n'); sys.exit(1)", "command exited with code 1: boom"),
     ("print('not json')", "is not a reward"),
@@ -214,22 +283,32 @@ def test_a_command_past_its_time_limit_is_killed_with_its_whole_process_group(tm
     assert not any(alive(int(pid)) for pid in pids.read_text().split())
 
 
-def test_bad_agent_configs_are_one_line_at_config_time(tmp_path):
-    cases = [
-        ({"function": "no_such_module:run"}, "cannot import module 'no_such_module'"),
-        ({"function": f"{HERE}:EXAMPLE"}, "must be an async function"),
-        ({"function": f"{tmp_path}/missing.py:run"}, "no such file"),
-        ({"command": ["no-such-agent-binary"]}, "command 'no-such-agent-binary' not found"),
-        ({"command": []}, "set exactly one of function"),
-        ({"function": f"{HERE}:silent_agent", "command": ["python"]}, "set exactly one of function"),
-    ]
-    for args, message in cases:
-        with pytest.raises(ValueError, match=message):
-            EnvConfig(id="agent", args={"task": {"id": "calculator"}, **args})
-    with pytest.raises(ValueError, match="task must be a table"):
-        EnvConfig(id="agent", args={"function": f"{HERE}:silent_agent"})
-    with pytest.raises(ValueError, match="cannot itself be an agent"):
-        EnvConfig(id="agent", args={"function": f"{HERE}:silent_agent", "task": {"id": "agent"}})
+@pytest.mark.parametrize("args, message", [
+    ('function = "no_such_module:run"', "cannot import module 'no_such_module'"),
+    ('function = "examples/agent/openai_loop.py:walk"', "has no 'walk'"),
+    ('function = "tests.orchestrator.test_agent_rollouts:EXAMPLE"', "must be an async function"),
+    ('function = "agents/missing.py:run"', "no such file: agents/missing.py"),
+    ('command = ["no-such-agent-binary"]', "command 'no-such-agent-binary' not found"),
+    ('command = []', "set exactly one of function"),
+    ('command = "python agent.py"', "command must be a non-empty list of strings"),
+    ('command = ["python", "agents/missing.py"]', "command's script 'agents/missing.py' not found"),
+    ('function = "examples/agent/openai_loop.py:run", command = ["python"]', "set exactly one of function"),
+    ('function = "examples/agent/openai_loop.py:run", task = { id = "agent" }', "cannot itself be an agent"),
+    ('function = "examples/agent/openai_loop.py:run", task = "calculator"', "task must be a table"),
+])
+def test_a_bad_agent_config_is_one_line_and_exit_code_2_before_anything_starts(tmp_path, capsys, args, message):
+    from prime_rl.launch.rl import main
+
+    if "task" not in args:
+        args += ', task = { id = "calculator" }'
+    config = tmp_path / "rl.toml"
+    config.write_text(f'[[orchestrator.env]]\nid = "agent"\nargs = {{ {args} }}\n')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["@", str(config), "--model.name", "tiny-calculator", "--output-dir", str(tmp_path / "run"),
+              "--dry-run"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
 
 
 ORCHESTRATOR_SCRIPT = """

@@ -33,6 +33,16 @@ class McpServerFailed(RuntimeError):
     """The MCP server died, hung past the call's timeout, or could not be (re)started."""
 
 
+def why_failed(exc: BaseException, timeout_s: float) -> str:
+    """A one-line reason: an exception group's first leaf (the SDK wraps its task group's errors), a timeout as
+    such."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout_s:g}s"
+    return f"{type(exc).__name__}: {str(exc)[:300] or '(no message)'}"
+
+
 def openai_schema(tool: Any) -> dict[str, Any]:
     """An MCP `Tool` as an OpenAI function tool schema."""
     parameters = dict(tool.input_schema or {"type": "object", "properties": {}})
@@ -64,7 +74,7 @@ class McpServer:
                 self.tools = pool.submit(asyncio.run, self._list(list_timeout_s)).result()
             except Exception as exc:
                 raise UserError(f"MCP server {' '.join(command)!r} did not list its tools: "
-                                f"{type(exc).__name__}: {str(exc)[:300]}") from None
+                                f"{why_failed(exc, list_timeout_s)} (is it an MCP server over stdio?)") from None
         self._client: Any = None
         self._holder: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
@@ -109,8 +119,8 @@ class McpServer:
             try:
                 return await asyncio.wait_for(ready, LIST_TIMEOUT_S)
             except Exception as exc:
-                raise McpServerFailed(f"MCP server {self.command[0]!r} did not start: {type(exc).__name__}: "
-                                      f"{str(exc)[:200]}") from None
+                raise McpServerFailed(f"MCP server {self.command[0]!r} did not start: "
+                                      f"{why_failed(exc, LIST_TIMEOUT_S)}") from None
 
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> tuple[str, bool]:
         """(the tool's text, whether the server flagged an error); `McpServerFailed` when the server died or the
@@ -124,8 +134,8 @@ class McpServer:
                                   ) from None
         except Exception as exc:  # the connection broke: the server died
             await self.close()
-            raise McpServerFailed(f"MCP server {self.command[0]!r} failed during {name}: {type(exc).__name__}: "
-                                  f"{str(exc)[:200]}") from None
+            raise McpServerFailed(f"MCP server {self.command[0]!r} failed during {name}: "
+                                  f"{why_failed(exc, timeout_s)}") from None
         return result_text(result), bool(result.is_error)
 
     async def close(self) -> None:

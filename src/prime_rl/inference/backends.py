@@ -73,7 +73,7 @@ def builtin_server(config: InferenceConfig) -> BuiltinServer:
     b = config.builtin
     engine = Engine(config.model.path, context_len=config.seq_len, seed=config.seed, device=b.device, dtype=b.dtype,
                     max_batch_size=b.max_batch_size, trust_remote_code=config.model.trust_remote_code,
-                    threads=b.threads)
+                    threads=b.threads, prefix_cache_mib=b.prefix_cache_mib)
     receiver = None
     if config.weight_transfer.mode == "distributed":  # the trainer's broadcasts (inference/transfer.py)
         if config.weight_transfer.ranks_per_server != 1:

@@ -41,6 +41,10 @@ class BuiltinConfig(BaseConfig):
     threads: Annotated[int, Field(gt=0)] | None = 1
     """Torch CPU threads (torch.set_num_threads; none: one per core); 1 is fastest for tiny models and beside a
     trainer."""
+    prefix_cache_mib: Annotated[int, Field(ge=0)] = 512
+    """Memory (MiB) for finished sequences' KV caches, reused by prompts that continue them (a multi-turn
+    rollout's or an agent session's next turn is prefilled only past the conversation so far); least recently
+    used first out, cleared at every weight update; 0: off."""
 
 
 @BACKENDS.config

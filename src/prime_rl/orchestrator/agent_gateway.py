@@ -11,7 +11,8 @@ none: 401). The agent calls `chat/completions` as it would any OpenAI-compatible
    sampling rule and `max_tokens` (the run's; a request's sampling fields do not change them: the trainer scores
    the reply under the rule the batch records; a request's `max_tokens` may only lower the limit);
 3. answers with the reply split as the template writes it: reasoning first (`reasoning_content`, also as
-   `reasoning`; `orchestrator/reasoning.py`), then tool calls in the rest (`chat.tool_calls`); `stream = true` gets
+   `reasoning`; `orchestrator/reasoning.py`), then tool calls in the rest (`chat.tool_calls`; each with an id of
+   its own, `call_<hex>`: SDKs refuse an id a session already used); `stream = true` gets
    the same answer as server-sent events (role, reasoning, content, tool calls with their `index`, the finish, then
    `[DONE]`), generated whole first;
 4. records the reply with the assistant message it returned, which the agent's next call must replay to extend
@@ -47,11 +48,38 @@ from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.agent_stitching import SessionStitcher
 from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion
 from prime_rl.orchestrator.config import ReasoningConfig
+from prime_rl.orchestrator.conversation import TURN_SEED_STRIDE
 from prime_rl.orchestrator.reasoning import split_reasoning
 
 
+def text_parts_joined(message: Any) -> Any:
+    """A message whose content is a list of text parts (`{"type": "text" | "input_text" | "output_text", "text"}`,
+    as SDKs send them) with its content as their text joined; another part (an image, audio) is a ValueError."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return message
+    texts = []
+    for part in content:
+        if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str)):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"only text content is supported in a rollout session, got a {kind!r} part")
+        texts.append(part["text"])
+    return {**message, "content": "".join(texts)}
+
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
 class AgentChatRequest(ChatRequest):
-    """A chat request as an agent sends it: the inference server's shape, with `stream` allowed and `n` = 1."""
+    """A chat request as an agent sends it: the inference server's shape, with `stream` allowed, `n` = 1, and a
+    content given as text parts read as its text."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("messages"), list):
+            return {**data, "messages": [text_parts_joined(m) for m in data["messages"]]}
+        return data
 
     @model_validator(mode="after")
     def _supported(self):  # replaces the server's rule, which refuses `stream`
@@ -138,7 +166,8 @@ class AgentGateway:
 
     def open_session(self, rule: SamplingRule, max_tokens: int, seed: int | None = None) -> Session:
         """A new session: its own id, key and base URL; its calls sample under `rule`, at most `max_tokens` each
-        (`seed`: the first call's sampling seed; call k uses seed + k)."""
+        (`seed`: the first call's sampling seed; call k uses seed + k * TURN_SEED_STRIDE, as a multi-turn
+        rollout's turns do, so no two rollouts of a group share a call's seed)."""
         session_id = uuid.uuid4().hex
         session = Session(session_id, f"sk-session-{secrets.token_urlsafe(24)}",
                           f"{self.root_url}/sessions/{session_id}/v1", rule, max_tokens, seed,
@@ -164,6 +193,8 @@ class AgentGateway:
     async def chat(self, session: Session, body: AgentChatRequest) -> dict[str, Any]:
         """One call of `session` (module docstring, steps 1-4): the chat.completion answer."""
         async with session.lock:
+            if session.closed:  # a call that waited for the lock while its rollout ended
+                raise HTTPError(401, "invalid API key for this session (or the session has ended)")
             tools = body.template_tools()
             messages = [m.template_dict() for m in body.messages]
             try:
@@ -175,7 +206,7 @@ class AgentGateway:
                 session.stitcher.abandon_call()
                 raise HTTPError(400, f"the conversation ({len(prompt_ids)} tokens) fills the context ({self.seq_len})")
             limit = min(session.max_tokens, room, body.max_tokens or session.max_tokens)
-            seed = None if session.seed is None else session.seed + session.calls
+            seed = None if session.seed is None else (session.seed + session.calls * TURN_SEED_STRIDE) % (2**31 - 1)
             try:
                 result = await self.client.complete(prompt_ids, 1, session.rule, limit, seed)
             except BaseException:
@@ -186,6 +217,8 @@ class AgentGateway:
                 raise HTTPError(401, "invalid API key for this session (or the session has ended)")
             (completion,) = result.completions
             message, finish = assistant_message(completion, body.parses_tool_calls, self.reasoning)
+            for call in message.get("tool_calls") or ():  # ids unique in the session (SDKs refuse a reused one)
+                call["id"] = f"call_{uuid.uuid4().hex[:24]}"
             session.stitcher.end_call(completion, message)
             session.calls += 1
             session.replies.append(message)

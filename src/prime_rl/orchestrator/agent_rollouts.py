@@ -11,11 +11,14 @@ the run's rule with the rollout's seed, runs the environment's agent program onc
 `max_concurrency` at once, each within its `timeout_s`), and closes the session when the agent returns, fails or
 times out: a call still generating then is dropped, and the session's key is refused from then on.
 
-What a rollout trains is its session's segments (`agent_stitching.py`): each one a sample with its own prompt,
-every one with the rollout's reward and advantage. What the environment scores (when the agent returned no
-reward) is the recorded conversation: the messages of the session's last call after the example's prompt, then
-the reply it got. A rollout fails (reward 0, under the environment's `on_error`) when its agent raised, exited
-non-zero, printed no reward, outlasted its limit, or never called the model.
+What a rollout trains is its session's segments (`agent_stitching.py`): each one a sample with its own prompt, every
+one with the rollout's reward and advantage; with the environment's `turn_discount` gamma < 1, the tokens of call j
+of the rollout's J calls get gamma^(J - 1 - j) of the advantage (the last call all of it; `discounted`). What the
+environment scores (when the agent returned no reward) is the recorded conversation: the messages of the session's
+last call after the example's prompt, then the reply it got. A rollout fails (reward 0, under the environment's
+`on_error`) when its agent raised, exited non-zero, printed no reward, outlasted its limit, or never called the
+model; it then trains nothing (its 0 still counts in its group's baseline): a failure may be the machine's (a slow
+server, a timeout), not the policy's, and an agent that wants the policy to learn from one returns 0 instead.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import contextlib
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import httpx
 import uvicorn
@@ -39,8 +43,33 @@ from prime_rl.orchestrator.conversation import TurnStats
 from prime_rl.orchestrator.draws import Draw
 from prime_rl.orchestrator.env_calls import EnvironmentFailed, report_failure
 
-TrainedPiece = tuple[list[int], RolloutCompletion]
-"""One sample of a rollout: its prompt ids and what follows them."""
+
+class TrainedPiece(NamedTuple):
+    """One sample of a rollout: its prompt ids, what follows them, and (with a turn discount) each token's share
+    of the rollout's advantage (None: all of it)."""
+
+    prompt_ids: list[int]
+    completion: RolloutCompletion
+    scales: list[float] | None = None
+
+
+def discounted(segments: list[RolloutCompletion], discount: float) -> list[list[float] | None]:
+    """Per segment, each token's factor gamma^(J - 1 - j) for a token of call j of the rollout's J calls (in
+    order: a session's calls fill its segments one after the other), 1 on the tokens between calls (not
+    trained); all None when gamma = 1."""
+    if discount == 1.0:
+        return [None] * len(segments)
+    starts = [[k for k, keep in enumerate(c.mask) if keep and (k == 0 or not c.mask[k - 1])] for c in segments]
+    calls = sum(map(len, starts))
+    out, call = [], -1
+    for completion in segments:
+        scales = []
+        for k, keep in enumerate(completion.mask):
+            if keep and (k == 0 or not completion.mask[k - 1]):
+                call += 1
+            scales.append(discount ** (calls - 1 - call) if keep else 1.0)
+        out.append(scales)
+    return out
 
 
 @dataclass
@@ -150,7 +179,7 @@ class AgentRunner:
                     why = f"the agent took longer than timeout_s = {env.timeout_s:g}s"
                 except EnvironmentFailed:
                     raise
-                except Exception as exc:  # an agent's bug fails its rollout, not the run
+                except Exception as exc:  # an agent's bug fails its rollout only (FunctionAgent: sys.exit too)
                     why = f"the agent failed: {type(exc).__name__}: {str(exc)[:300]}"
                 finally:
                     self.gateway.close_session(session.id)
@@ -161,10 +190,17 @@ class AgentRunner:
 
     @staticmethod
     def _group(draw: Draw, done: list[tuple[Session, Reward | None, str | None]]) -> AgentGroup:
-        pieces = [[(s.prompt_ids, s.completion()) for s in session.stitcher.segments] for session, _, _ in done]
-        steps = [step for rollout in pieces for _, c in rollout for step in c.weight_steps]
-        last = [rollout[-1][1] if rollout else RolloutCompletion([], [], "", "stop") for rollout in pieces]
-        prompt = next((rollout[0][0] for rollout in pieces if rollout), [])
+        """The group of the finished sessions (module docstring)."""
+        discount = draw.environment.turn_discount
+        pieces = []
+        for session, _, why in done:
+            segments = session.stitcher.segments if why is None else []  # a failed rollout trains nothing
+            completions = [s.completion() for s in segments]
+            pieces.append([TrainedPiece(s.prompt_ids, c, scales) for s, c, scales
+                           in zip(segments, completions, discounted(completions, discount), strict=True)])
+        steps = [step for rollout in pieces for piece in rollout for step in piece.completion.weight_steps]
+        last = [rollout[-1].completion if rollout else RolloutCompletion([], [], "", "stop") for rollout in pieces]
+        prompt = next((rollout[0].prompt_ids for rollout in pieces if rollout), [])
         rollouts = []
         for (session, reward, _), completion in zip(done, last, strict=True):
             state = {AGENT_REWARD: reward} if reward is not None else {}

@@ -66,4 +66,4 @@ class RolloutCollector(Protocol):
 
 def tokens_per_s(groups: list[Group], seconds: float) -> float:
     """`perf/inference_tokens_per_s`: the completion tokens of `groups` over the seconds spent generating them."""
-    return sum(len(c.token_ids) for g in groups for _, c in g.all_trained()) / max(seconds, 1e-9)
+    return sum(len(p.completion.token_ids) for g in groups for p in g.all_trained()) / max(seconds, 1e-9)

@@ -315,6 +315,10 @@ class OrchestratorConfig(RunConfig):
                 raise ValueError(f"advantage.reward_kl makes the trainer compute the '{self.advantage.type}' "
                                  f"advantages from rewards minus the KL: {clashing[0]} needs the orchestrator's "
                                  "(turn one of them off)")
+        discounted = [e.metric_name for e in self.env if e.id == "agent" and e.args.get("turn_discount", 1) != 1]
+        if discounted and (self.teacher is not None or self.advantage.computed_in == "trainer"):
+            raise ValueError(f"environment '{discounted[0]}': turn_discount scales the orchestrator's advantage per "
+                             "token, which a teacher's or a trainer-computed advantage replaces: leave it at 1")
         if self.advantage.trainer_step == "groups" and any(e.id == "agent" for e in self.env):
             raise ValueError("advantage.reward_kl recomputes each group from one sample per rollout, but an agent "
                              "rollout trains one sample per segment: turn reward_kl off for agent environments")

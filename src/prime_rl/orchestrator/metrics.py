@@ -44,13 +44,13 @@ def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
     async/token_lag_* (per completion token: step - the weight step it was sampled under) over all
     generated rollouts."""
     samples = [piece for g in groups for piece in g.all_trained()]
-    prompt_lens = [len(p) for p, _ in samples]
-    completion_lens = [len(c.token_ids) for _, c in samples]
+    prompt_lens = [len(p.prompt_ids) for p in samples]
+    completion_lens = [len(p.completion.token_ids) for p in samples]
     rollouts = [c for g in groups for c in g.result.completions]  # an agent rollout's: its last segment
     truncated = [c.truncated for c in rollouts]
     env_errors = sum(e is not None for g in groups for e in g.errors)
     lags = [step - g.policy_step(i) for g in groups for i in range(len(g.rewards))]
-    token_lags = [step - s for _, c in samples for s in c.weight_steps]
+    token_lags = [step - s for p in samples for s in p.completion.weight_steps]
     n = max(len(rollouts), 1)
     return turn_metrics(groups) | {
         "async/token_lag_mean": sum(token_lags) / max(len(token_lags), 1),

@@ -154,15 +154,18 @@ class Orchestrator:
 
     def samples(self, groups: list[Group], advantages: torch.Tensor) -> list[Sample]:
         """Every trained sample of `groups`: one per rollout (an agent rollout: one per segment, each with the
-        rollout's advantage and reward)."""
+        rollout's advantage and reward, per token discounted by its call with a `turn_discount`)."""
         samples = []
         for index, (group, row) in enumerate(zip(groups, advantages.tolist(), strict=True)):
             for rollout, (advantage, reward) in enumerate(zip(row, group.rewards, strict=True)):
-                for prompt_ids, completion in group.trained(rollout):
+                for piece in group.trained(rollout):
+                    completion = piece.completion
                     train = not (self.config.mask_truncated and completion.truncated)
-                    sample = Sample(prompt_ids, completion.token_ids, completion.logprobs, advantage,
+                    sample = Sample(piece.prompt_ids, completion.token_ids, completion.logprobs, advantage,
                                     group.result.policy_step(completion), train, completion.mask, reward=reward,
                                     group=index)
+                    if piece.scales is not None:
+                        sample.token_advantages = [advantage * scale for scale in piece.scales]
                     if len(sample) > self.config.seq_len:
                         log.warning(f"a rollout of {len(sample)} tokens is cut to seq_len {self.config.seq_len}")
                         sample = sample.truncate(self.config.seq_len)

@@ -64,7 +64,7 @@ class Group:
         """Rollout `index` as the samples it trains, (prompt ids, completion) each: the group's prompt and its
         completion, or an agent rollout's segments (none when its agent never called the model)."""
         if self.pieces is None:
-            return [(self.result.prompt_token_ids, self.result.completions[index])]
+            return [TrainedPiece(self.result.prompt_token_ids, self.result.completions[index])]
         return self.pieces[index]
 
     def all_trained(self) -> list[TrainedPiece]:
@@ -73,7 +73,8 @@ class Group:
 
     def policy_step(self, index: int) -> int:
         """The oldest weight step of rollout `index`'s tokens (the admission step when it has none)."""
-        return min((self.result.policy_step(c) for _, c in self.trained(index)), default=self.result.weight_step)
+        return min((self.result.policy_step(p.completion) for p in self.trained(index)),
+                   default=self.result.weight_step)
 
 
 def request_seed(seed: int, step: int, index: int) -> int:
@@ -193,8 +194,8 @@ class GroupGenerator:
             if self.agents is None:
                 raise UserError(f"environment '{draw.env}' runs an agent, but no agent runner was set up")
             out = await self.agents.run_group(draw, self.n, self.rule, settings.max_tokens, seed)
-            failed = cut_unsampleable(draw, [[c for _, c in rollout] for rollout in out.pieces], settings.vocab,
-                                      out.failed)
+            failed = cut_unsampleable(draw, [[p.completion for p in rollout] for rollout in out.pieces],
+                                      settings.vocab, out.failed)
             group = await score_group(draw, out.result, settings.truncated_reward, out.rollouts, out.stats, failed)
             return replace(group, pieces=out.pieces)
         if draw.environment.multi_turn:

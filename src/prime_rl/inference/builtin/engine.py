@@ -7,7 +7,10 @@ One background thread owns the model. Every loop iteration it
    request's prompt once however many of its choices (`n`) start; that row's cache is copied to
    each of its sequences, and each sequence samples its first token from the row's logits with
    its own generator (choice i of a request seeded s samples what a lone request seeded s + i
-   does); a request with `prompt_logprobs` also gets every prompt token's logprob from the same
+   does); requests with the same prompt (a group's agent sessions) share one row, and a prompt
+   that continues a finished sequence (a conversation's next turn) is prefilled only past the
+   longest stored prefix (`kv_cache.PrefixStore`, `inference.builtin.prefix_cache_mib`); a
+   request with `prompt_logprobs` also gets every prompt token's logprob from the same
    prefill's logits (`_score_prompt`: the teacher's scoring call, docs/inference.md);
 2. merges the new sequences' KV cache into the running batch (`kv_cache.BatchCache`, which owns
    the cache, its padding and its positions, so a row computes what it would compute alone);
@@ -42,7 +45,16 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from prime_rl.inference.adapter_check import verify_adapter_dir
-from prime_rl.inference.builtin.kv_cache import BatchCache, left_padded, position_ids, shared_prefixes, take_rows
+from prime_rl.inference.builtin.kv_cache import (
+    BatchCache,
+    PrefixStore,
+    left_padded,
+    position_ids,
+    row_cache,
+    shared_prefixes,
+    stacked_cache,
+    take_rows,
+)
 from prime_rl.inference.builtin.merge import BaseWeights, Staged
 from prime_rl.inference.builtin.scheduler import Request, SamplingParams, Scheduler, Seq, fail_rows
 from prime_rl.inference.protocol import Completion, context_overflow
@@ -82,7 +94,7 @@ class Engine:
 
     def __init__(self, model_path: str, *, context_len: int, seed: int = 0, device: str = "auto",
                  dtype: str = "float32", max_batch_size: int = 64, trust_remote_code: bool = False,
-                 threads: int | None = None):
+                 threads: int | None = None, prefix_cache_mib: int = 0):
         if threads is not None:
             # Process-wide. Small matmuls gain nothing from more threads, and OpenMP threads spinning on
             # cores the trainer also uses slowed a tiny model's decode step 10-20x (docs/benchmarks.md).
@@ -113,6 +125,7 @@ class Engine:
         # The running batch: one row per sequence.
         self._seqs: list[Seq] = []
         self._batch = BatchCache()  # its KV cache and attention mask
+        self.prefixes = PrefixStore(prefix_cache_mib * 2**20)  # finished sequences' caches, for their next turns
         self._next: torch.Tensor | None = None  # [B] sampled, not yet fed
         self._thread = threading.Thread(target=self._loop, name="builtin-engine", daemon=True)
         self._thread.start()
@@ -194,9 +207,12 @@ class Engine:
         with self._turn, self._lock, torch.no_grad():
             self._base.apply(params, staged)
             self.weight_step = step
+            self.prefixes.clear()  # computed under the old weights
 
     def reset(self) -> None:
-        """Drop cached memory (the engine keeps no cache between requests)."""
+        """Drop cached memory: the stored prefixes, and the device's cache of freed blocks."""
+        with self._lock:
+            self.prefixes.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -230,7 +246,7 @@ class Engine:
             seed = request.params.seed + i if request.params.seed is not None else None
             if seed is None:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            seqs.append(Seq(request, i, torch.Generator().manual_seed(seed)))
+            seqs.append(Seq(request, i, torch.Generator().manual_seed(seed), start_step=self.weight_step))
         return seqs
 
     def _prefill(self, parts: list[tuple[Request, int, int]]) -> None:
@@ -246,32 +262,52 @@ class Engine:
                 request.future.set_exception(exc)
         if not started:
             return
-        shared = shared_prefixes([request.prompt_ids if request.params.prompt_logprobs else None
-                                  for request, _ in started])
-        if shared is None:
-            states, cache, mask = self._prefill_rows([request for request, _ in started])
-        else:
-            states, cache, mask = self._prefill_shared([request for request, _ in started], *shared)
-        if states.dim() == 3:  # [R, S, D]: some request scores its prompt
+        requests = [request for request, _ in started]
+        if any(request.params.prompt_logprobs for request in requests):  # every prompt position's states
+            row_of = list(range(len(requests)))
+            shared = shared_prefixes([r.prompt_ids if r.params.prompt_logprobs else None for r in requests])
+            if shared is None:
+                states, cache, mask = self._prefill_rows([r.prompt_ids for r in requests], all_positions=True)
+            else:
+                states, cache, mask = self._prefill_shared(requests, *shared)
             for row, (request, seqs) in enumerate(started):
                 if request.params.prompt_logprobs and seqs[0].index == 0:
                     self._score_prompt(request, seqs, states[row, states.shape[1] - len(request.prompt_ids):])
             states = states[:, -1]
-        rows = torch.repeat_interleave(torch.tensor([len(seqs) for _, seqs in started]))  # request r's row, n times
+        else:  # one row per distinct prompt, each on its longest stored prefix
+            distinct: dict[tuple[int, ...], int] = {}
+            row_of = [distinct.setdefault(tuple(r.prompt_ids), len(distinct)) for r in requests]
+            states, cache, mask = self._prefill_prompts([list(prompt) for prompt in distinct])
+        counts = torch.tensor([len(seqs) for _, seqs in started])
+        rows = torch.repeat_interleave(torch.tensor(row_of), counts)  # request r's row, once per sequence
         take_rows(cache, rows)
         seqs = [seq for _, request_seqs in started for seq in request_seqs]
         next_tokens = self._sample(seqs, self._logits(states)[rows])
         self._merge(seqs, cache, mask[rows], next_tokens)
         self._retire()
 
-    def _prefill_rows(self, requests: list[Request]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+    def _prefill_rows(self, prompts: list[list[int]], all_positions: bool = False
+                      ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
         """One left-padded forward of the prompts: states (`_forward`: [R, D] of the last position, or [R, S, D]
-        of every position when some request scores its prompt), the cache and its mask [R, S]."""
-        width = max(len(request.prompt_ids) for request in requests)
-        ids, mask = left_padded([request.prompt_ids for request in requests], width, self.pad_id)
+        of every position), the cache and its mask [R, S]."""
+        ids, mask = left_padded(prompts, max(map(len, prompts)), self.pad_id)
         cache = DynamicCache()
-        scoring = any(request.params.prompt_logprobs for request in requests)
-        return self._forward(ids, mask, cache, all_positions=scoring), cache, mask
+        return self._forward(ids, mask, cache, all_positions=all_positions), cache, mask
+
+    def _prefill_prompts(self, prompts: list[list[int]]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """`_prefill_rows` of `prompts` (last-position states), each run only past its longest stored prefix
+        (`PrefixStore.longest`): the stored keys and values, left-padded to a common width, are the cache the
+        rests run on (a prompt without one: an empty, masked row). The cache and mask hold prefix padding,
+        prefix, rest padding, rest; the states are what a full prefill computes."""
+        stored = [self.prefixes.longest(prompt) for prompt in prompts]
+        if all(found is None for found in stored):
+            return self._prefill_rows(prompts)
+        width = max(found[0] for found in stored if found is not None)
+        cache, prefix_mask = stacked_cache([None if found is None else found[1] for found in stored], width)
+        rests = [prompt if found is None else prompt[found[0]:] for prompt, found in zip(prompts, stored, strict=True)]
+        ids, rest_mask = left_padded(rests, max(map(len, rests)), self.pad_id)
+        mask = torch.cat([prefix_mask, rest_mask], dim=1)
+        return self._forward(ids, mask, cache), cache, mask
 
     def _prefill_shared(self, requests: list[Request], group: list[int], shared: list[int]
                         ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
@@ -409,11 +445,23 @@ class Engine:
                 keep.append(row)
             else:
                 seq.complete(*done)
+                self._store(row, seq)
         if len(keep) == len(self._seqs):
             return
         self._batch.keep(keep)
         self._seqs = [self._seqs[i] for i in keep]
         self._next = self._next[torch.tensor(keep)] if keep else None
+
+    def _store(self, row: int, seq: Seq) -> None:
+        """Keep a finished sequence's cache for a prompt that continues it: its prompt and every sampled token but
+        the last (never fed), all computed under the current weights (none kept across an update; none for a
+        scoring request, which no turn continues)."""
+        if not self.prefixes.capacity or seq.request.params.prompt_logprobs or seq.start_step != self.weight_step:
+            return
+        ids = seq.request.prompt_ids + seq.token_ids[:-1]
+        layers = row_cache(self._batch.cache, self._batch.mask, row)
+        if layers[0][0].shape[1] == len(ids):
+            self.prefixes.save(ids, layers)
 
     def _fail_all(self, exc: Exception, admitted: list[Request]) -> None:
         for request in [seq.request for seq in self._seqs] + admitted:

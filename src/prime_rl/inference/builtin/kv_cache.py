@@ -20,20 +20,113 @@ Within one prefill, prompts that share a prefix (the samples of one prompt a tea
 member (`take_rows`), then runs each member's rest on its copy; the cache then holds prefix padding, prefix,
 rest padding, rest (padding masked, positions counting real tokens only).
 
-Extension point, prefix reuse (not implemented): keeping a conversation's cache between requests (multi-turn
-chats, agents) adds a store of prefixes beside `BatchCache`. Before prefill, a lookup finds the longest stored
-prefix of each new prompt (token ids -> per layer keys and values [1, H, P, D]); its rows are copied in
-(`take_rows`) and only the rest of the prompt is prefilled on them, as `_prefill_shared` does with an in-batch
-prefix; the prefilled rows then join the batch through `add` like any others. The store is filled where rows
-retire (`keep`): a row's keys, values and real tokens are saved instead of dropped.
+Across requests, a conversation's cache is reused (`PrefixStore`): a sequence that finishes leaves its keys and
+values under its token ids (the prompt and every sampled token but the last, which was never fed), and a later
+prompt that continues it (the next turn of a multi-turn rollout or an agent session: those ids, then the template
+tail and the new messages) is prefilled only past the longest stored prefix (`Engine._prefill_on_stored`): the
+stored rows, left-padded to a common width, are the cache its rest is run on, with the same masking and position
+rule as any prefill. A turn then costs its new tokens, not the whole conversation.
 """
 
 from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
 
 import torch
 from transformers import DynamicCache
 
 SHARE_MIN_SAVING = 0.25  # two prefill forwards only when sharing prefixes saves at least this share of the tokens
+
+LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
+"""One sequence's cache: per layer its keys and values [H, L, D] (real tokens only)."""
+
+
+class PrefixStore:
+    """Finished sequences' caches by their token ids, least recently used first out, within `capacity_bytes`
+    (0: nothing is kept). `longest(prompt)` finds the longest stored id list the prompt starts with: an exact
+    byte-prefix lookup per stored length, longest first. Entries hold keys and values computed under one weight
+    step: the engine clears the store when its weights change."""
+
+    def __init__(self, capacity_bytes: int):
+        self.capacity = capacity_bytes
+        self._entries: OrderedDict[bytes, LayerKV] = OrderedDict()
+        self._lengths: dict[int, int] = {}  # stored id-list length -> entries of that length
+        self.bytes = 0
+        self.hits = 0  # lookups that found a prefix, and the tokens they saved (for benchmarks and tests)
+        self.saved_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def _key(ids: list[int]) -> bytes:
+        return array("q", ids).tobytes()
+
+    def save(self, ids: list[int], layers: LayerKV) -> None:
+        """Keep `layers` (the keys and values of exactly `ids`) under `ids`, evicting the oldest entries to fit."""
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        key = self._key(ids)
+        if not ids or size > self.capacity or key in self._entries:
+            return
+        while self.bytes + size > self.capacity:
+            self._drop(next(iter(self._entries)))
+        self._entries[key] = layers
+        self._lengths[len(ids)] = self._lengths.get(len(ids), 0) + 1
+        self.bytes += size
+
+    def longest(self, prompt: list[int]) -> tuple[int, LayerKV] | None:
+        """(P, the first P tokens' keys and values) of the longest stored id list `prompt` starts with, P at most
+        len(prompt) - 1 (the last prompt token is run to sample from); None without one."""
+        key = self._key(prompt)
+        for length in sorted(self._lengths, reverse=True):
+            if length > len(prompt) or (layers := self._entries.get(key[:8 * length])) is None:
+                continue
+            self._entries.move_to_end(key[:8 * length])
+            used = min(length, len(prompt) - 1)
+            if used < 1:
+                return None
+            self.hits += 1
+            self.saved_tokens += used
+            return used, [(k[:, :used], v[:, :used]) for k, v in layers]
+        return None
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._lengths.clear()
+        self.bytes = 0
+
+    def _drop(self, key: bytes) -> None:
+        layers = self._entries.pop(key)
+        length = len(key) // 8
+        self._lengths[length] -= 1
+        if not self._lengths[length]:
+            del self._lengths[length]
+        self.bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+
+
+def row_cache(cache: DynamicCache, mask: torch.Tensor, row: int) -> LayerKV:
+    """Row `row`'s keys and values at its real positions (mask 1), copied out of the batch's cache."""
+    columns = mask[row].nonzero()[:, 0].to(cache.layers[0].keys.device)
+    return [(layer.keys[row, :, columns].clone(), layer.values[row, :, columns].clone()) for layer in cache.layers]
+
+
+def stacked_cache(rows: list[LayerKV | None], width: int) -> tuple[DynamicCache, torch.Tensor]:
+    """A cache of `rows` (None: an empty row), each left-padded to `width` positions, and its mask [R, width]."""
+    template = next(r for r in rows if r is not None)
+    cache = DynamicCache()
+    for index, (k0, v0) in enumerate(template):
+        def padded(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+            empty = like.new_zeros((like.shape[0], width, like.shape[2]))
+            return empty if t is None else left_pad(t, width, 1)
+        keys = torch.stack([padded(None if r is None else r[index][0], k0) for r in rows])
+        values = torch.stack([padded(None if r is None else r[index][1], v0) for r in rows])
+        cache.update(keys, values, index)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r is not None:
+            mask[i, width - r[0][0].shape[1]:] = 1
+    return cache, mask
 
 
 class BatchCache:

@@ -85,6 +85,7 @@ class Seq:
     weight_steps: list[int] = field(default_factory=list)
     text_len: int = 0  # characters of text already searched for stop strings
     failed: bool = False  # its request failed: the row is dropped at the next retire
+    start_step: int = 0  # the weight step its prompt was prefilled under
 
     def finished(self, tokenizer, eos_ids: set[int]) -> tuple[str, str] | None:
         """(finish_reason, text) when this choice is done, else None."""
