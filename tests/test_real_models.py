@@ -55,6 +55,26 @@ def test_rl_runs_on_policy_with_real_tokenizers_and_templates(tmp_path, talkativ
     assert sum(row["rollout/tool_calls_mean"] for row in orchestrator.values()) > 0
 
 
+async def four_call_agent(client, example):
+    """An agent that owns its loop: four calls, each replaying the replies it got, with a user turn between."""
+    messages = [dict(m) for m in example.prompt]
+    for turn in range(4):
+        reply = (await client.chat.completions.create(model="policy", messages=messages)).choices[0].message
+        messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": f"And then {turn}?"}]
+
+
+def test_an_agent_that_owns_its_loop_trains_on_policy_with_real_tokenizers_and_templates(tmp_path,
+                                                                                       talkative_model):
+    """Four calls of a plain `openai` agent through its session (Qwen3's template with thinking on, Llama 3's):
+    one segment each rollout, and the trainer's logprobs equal the server's (mismatch KL < 1e-6)."""
+    env = ('[[orchestrator.env]]\nid = "agent"\nargs = { function = "tests.test_real_models:four_call_agent", '
+           'task = { id = "reverse-text" } }\n')
+    run = on_policy_run(tmp_path, env, seq_len=512, max_tokens=12, model=str(talkative_model), max_steps=2)
+    for step, row in run.rows("orchestrator").items():
+        assert row["rollout/env_error_frac"] == 0 and row["rollout/turns_mean"] == 4, (step, row)
+        assert row["rollout/segments_mean"] == 1 and row["rollout/sampled_token_frac"] < 1, (step, row)
+
+
 @pytest.fixture(scope="module")
 def padded_rows_dominate(tmp_path_factory):
     """A tiny Qwen3 whose 267 padded output rows hold nearly all the probability of every position when sampled
