@@ -75,7 +75,7 @@ def test_a_killed_server_fails_the_rollout_and_the_next_call_starts_it_again():
             await server.close()
 
     old, why, new = asyncio.run(run())
-    assert "respond raised McpServerFailed" in why and "failed during multiply" in why
+    assert "respond raised McpServerFailed" in why and "multiply" in why  # seen dead, or silent past the limit
     assert new.isdigit() and new != old
 
 

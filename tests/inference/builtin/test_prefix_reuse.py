@@ -86,8 +86,7 @@ def test_each_turn_is_prefilled_past_the_conversation_so_far_and_samples_what_a_
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5
 
 
-def test_identical_prompts_admitted_together_share_one_row_and_sample_as_a_request_of_n(engines,
-                                                                                        qwen3_tiny_model):
+def test_identical_prompts_sent_together_sample_what_one_request_of_n_does(engines, qwen3_tiny_model):
     reuse, _ = engines
     prompt = ChatTokens.load(str(qwen3_tiny_model)).prompt_ids([{"role": "user", "content": "Name a color."}], [])
     params = [SamplingParams(max_tokens=8, temperature=1.0, seed=40 + i) for i in range(4)]
