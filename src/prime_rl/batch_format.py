@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.run_dir import rollout_dir, rollout_file
+from prime_rl.run_dir import rollout_dir, rollout_file, samples_file
 from prime_rl.utils.fs import atomic_dir
 
 OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs", "rewards")
@@ -174,8 +174,9 @@ class RankBatch:
         return SamplingRule(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
-def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
-    """Write all ranks' batches of `step` at once (atomic directory rename)."""
+def write_step(output_dir: Path, step: int, per_rank: list[RankBatch], samples: bytes | None = None) -> Path:
+    """Write all ranks' batches of `step` at once (atomic directory rename), and `samples` (the step's readable
+    JSON lines, `samples_file`) with them when given."""
     counts = {len(b.micro_batches) for b in per_rank}
     if len(counts) != 1:
         raise ValueError(f"every rank needs the same number of micro-batches, got {sorted(counts)}")
@@ -197,6 +198,8 @@ def write_step(output_dir: Path, step: int, per_rank: list[RankBatch]) -> Path:
             buffer = io.BytesIO()  # then one plain write: a full disk is an OSError naming the file
             torch.save(payload, buffer)
             rollout_file(tmp, rank).write_bytes(buffer.getbuffer())
+        if samples is not None:
+            samples_file(tmp).write_bytes(samples)
     return target
 
 

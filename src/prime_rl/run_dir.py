@@ -7,6 +7,7 @@ only one that spells its names (docs/architecture.md has the contract of each fi
       .prime-rl-run                      marker: `rl` made this directory (launch/output_dir.py)
       configs/<component>.toml           each component's resolved config (rl.toml: the whole run)
       rollouts/step_N/rank_R.pt          orchestrator -> trainer: rank R's batch of step N
+      rollouts/step_N/samples.jsonl      the step's rollouts as readable JSON lines (orchestrator.samples)
       weights/step_N/                    trainer -> inference: HF weights after N optimizer steps
       checkpoints/step_N/trainer/        written by the trainer (or `sft`) after N optimizer steps
       checkpoints/step_N/orchestrator/   written by the orchestrator after N rollout batches
@@ -127,6 +128,12 @@ def rollout_dir(output_dir: Path, step: int) -> Path:
 def rollout_file(directory: Path, rank: int) -> Path:
     """`rank_R.pt` in a rollout step directory (or the temporary one it is written in)."""
     return Path(directory) / f"rank_{rank}.pt"
+
+
+def samples_file(directory: Path) -> Path:
+    """`samples.jsonl` in a rollout step directory (or the temporary one it is written in): the step's rollouts
+    to read (`orchestrator/samples_log.py`)."""
+    return Path(directory) / "samples.jsonl"
 
 
 def weights_root(output_dir: Path) -> Path:

@@ -120,7 +120,8 @@ def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[st
             f"mean of last {len(last5)}: {sum(last5) / len(last5):.3f}"
         )
     lines.append(f"wall time: {wall_s:.0f}s")
-    lines.append(f"outputs: {output_dir} (metrics.jsonl, metrics.png, weights/, checkpoints/, logs/)")
+    lines.append(f"outputs: {output_dir} (metrics.jsonl, metrics.png, rollouts/step_N/samples.jsonl, weights/, "
+                 "checkpoints/, logs/)")
     return lines
 
 

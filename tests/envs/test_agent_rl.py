@@ -5,8 +5,11 @@ a resumed run logs every step once."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from prime_rl.run_dir import rollout_dir, samples_file
 from tests.support.rl_in_process import on_policy_run
 from tests.support.rl_runs import logged_steps
 
@@ -26,7 +29,13 @@ def test_an_agent_trains_exactly_the_tokens_it_sampled_and_resumes(tmp_path, age
         assert row["rollout/env_error_frac"] == 0 and row["rollout/segments_mean"] == 1, (step, row)
         assert row["rollout/tool_calls_mean"] > 0.25 and row["rollout/turns_mean"] > 1.25, (step, row)
         assert row["rollout/sampled_token_frac"] < 1 and "reward/agent/exact_match" in row, (step, row)
+    samples = [json.loads(line) for line in samples_file(rollout_dir(run.run_dir, 1)).read_text().splitlines()]
+    assert len(samples) == 16 and {s["env"] for s in samples} == {"agent"}  # what each session recorded
+    assert any(m["role"] == "tool" for s in samples for m in s["messages"])
     if agent == "openai_loop":
         resumed = on_policy_run(tmp_path, "", seq_len=512, max_tokens=96, max_steps=3, resume=True)
         for source in ("orchestrator", "trainer"):
             assert logged_steps(resumed.run_dir, source) == [0, 1, 2], source
+        for step in range(3):  # every step's samples once: the resumed run wrote the steps it regenerated
+            written = samples_file(rollout_dir(resumed.run_dir, step)).read_text().splitlines()
+            assert len(written) == 16 and {json.loads(line)["step"] for line in written} == {step}

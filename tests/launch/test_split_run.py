@@ -97,5 +97,6 @@ def test_a_trainer_across_two_nodes_joins_one_rendezvous(tmp_path):
         server.kill()
     assert server.returncode == 0 and worker.returncode == 0, worker_out[-3000:]
     assert sorted(rows_by_source(run, "trainer")) == [0, 1, 2]
-    assert sorted(p.name for p in (run / "rollouts" / "step_2").iterdir()) == ["rank_0.pt", "rank_1.pt"]
+    written = sorted(p.name for p in (run / "rollouts" / "step_2").iterdir())
+    assert written == ["rank_0.pt", "rank_1.pt", "samples.jsonl"]
     assert "trainer_world_size = 2" in (run / "configs" / "orchestrator.toml").read_text()

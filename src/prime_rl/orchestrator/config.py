@@ -160,6 +160,19 @@ class SamplingConfig(BaseConfig):
         return SamplingRule(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
+class SamplesConfig(BaseConfig):
+    """The step's rollouts as JSON lines, `rollouts/step_N/samples.jsonl`, beside the trainer's batch (written with
+    it, atomically; a resumed run rewrites the steps it regenerates): what the model wrote, for reading
+    (docs/orchestrator.md#samples-on-disk)."""
+
+    interval: Annotated[int, Field(ge=0)] = 1
+    """Write them every `interval` steps (step % interval == 0); 0: never."""
+    fraction: float = Field(default=1.0, gt=0, le=1)
+    """Of each written step's groups, the first ceil(fraction x groups) (all rollouts of a group, together)."""
+    max_mib: float = Field(default=16.0, gt=0)
+    """At most this much per step: rollouts past it are left out (a last line says how many)."""
+
+
 class EvalConfig(BaseConfig):
     """Periodic evaluation on a fixed set of examples per environment."""
 
@@ -248,6 +261,8 @@ class OrchestratorConfig(RunConfig):
     multi-turn rollouts render the turns themselves. Give SFT the same (`data.chat_template_kwargs`)."""
     reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
     """How a completion splits into reasoning and answer (`<think>` blocks): which part the reward scores."""
+    samples: SamplesConfig = Field(default_factory=SamplesConfig)
+    """The step's rollouts as readable JSON lines (`rollouts/step_N/samples.jsonl`)."""
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -59,6 +59,7 @@ from prime_rl.orchestrator.orchestrator_ckpt import (
     save_state,
 )
 from prime_rl.orchestrator.rollouts import Group, GroupGenerator, RolloutSettings, request_seed
+from prime_rl.orchestrator.samples_log import samples_jsonl
 from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.orchestrator.step_collector import StepCollector
 from prime_rl.orchestrator.teacher_scoring import Teacher
@@ -215,7 +216,7 @@ class Orchestrator:
         optional = (("teacher_logprobs",) if self.teacher is not None else ()) + c.advantage.batch_fields
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
                              c.share_prompts, optional, c.advantage.type)
-        write_step(c.output_dir, step, batches)
+        write_step(c.output_dir, step, batches, samples_jsonl(c.samples, step, groups, kept, advantages))
         total = sum(len(g.rewards) for g in groups)
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
         metrics |= {

@@ -59,6 +59,7 @@ class Group:
     errors: list[str | None] = field(default_factory=list)  # per rollout: why it failed (None: it did not)
     stats: list[TurnStats] = field(default_factory=list)  # per rollout
     pieces: list[list[TrainedPiece]] | None = None  # per agent rollout: its segments (None: one sample each)
+    rollouts: list[Rollout] = field(default_factory=list)  # per rollout: the conversation the environment scored
 
     def trained(self, index: int) -> list[TrainedPiece]:
         """Rollout `index` as the samples it trains, (prompt ids, completion) each: the group's prompt and its
@@ -140,7 +141,8 @@ async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | 
         truncated_reward if truncated_reward is not None and c.truncated else r.total
         for c, r in zip(completions, rewards, strict=True)
     ]
-    return Group(draw.env, draw.example, result, totals, [r.components for r in rewards], errors, list(stats))
+    return Group(draw.env, draw.example, result, totals, [r.components for r in rewards], errors, list(stats),
+                 rollouts=list(rollouts))
 
 
 def cut_unsampleable(draw: Draw, rollouts: list[list[RolloutCompletion]], vocab: int | None,

@@ -1,0 +1,77 @@
+"""A step's rollouts as readable JSON lines (`[orchestrator.samples]`), written with the trainer's batch in
+`rollouts/step_N/samples.jsonl` (`run_dir.samples_file`), so a resumed run rewrites exactly the steps it
+regenerates: no duplicates, no holes.
+
+One line per rollout of the step's first ceil(fraction x groups) generated groups (kept or dropped by the
+zero-advantage filters), on steps where step % interval == 0:
+
+    step, env, group (index among the step's generated groups), rollout (index in its group), kept (it trains),
+    prompt (the example's messages), answer, messages (the conversation after the prompt, as the environment
+    scored it: assistant turns, tool and user replies; an agent's recorded calls), completion (the last turn's
+    text as sampled, reasoning included), reward, components, advantage (null for a dropped group), error (why the
+    rollout failed, or null), finish_reason, truncated, prompt_tokens and completion_tokens (over its samples),
+    sampled_tokens, turns, tool_calls, segments (an agent rollout's samples), policy_lag (step - its oldest
+    token's weight step)
+
+Lines stop at `max_mib` for the step; a last line `{"step", "left_out": n}` says how many rollouts did not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import torch
+
+from prime_rl.orchestrator.config import SamplesConfig
+from prime_rl.orchestrator.rollouts import Group
+
+
+def samples_due(config: SamplesConfig, step: int) -> bool:
+    """Whether step `step` writes its samples."""
+    return config.interval > 0 and step % config.interval == 0
+
+
+def rollout_record(step: int, index: int, group: Group, rollout: int, advantage: float | None) -> dict[str, Any]:
+    """The line of rollout `rollout` of `group` (the step's `index`-th generated group; module docstring)."""
+    pieces = group.trained(rollout)
+    completion = group.result.completions[rollout]
+    stats = group.stats[rollout] if group.stats else None
+    return {
+        "step": step, "env": group.env, "group": index, "rollout": rollout, "kept": advantage is not None,
+        "prompt": group.example.prompt, "answer": group.example.answer,
+        "messages": group.rollouts[rollout].messages if group.rollouts else [],
+        "completion": completion.text, "reward": group.rewards[rollout],
+        "components": group.components[rollout] if group.components else {}, "advantage": advantage,
+        "error": group.errors[rollout] if group.errors else None, "finish_reason": completion.finish_reason,
+        "truncated": completion.truncated,
+        "prompt_tokens": sum(len(p.prompt_ids) for p in pieces),
+        "completion_tokens": sum(len(p.completion.token_ids) for p in pieces),
+        "sampled_tokens": stats.sampled_tokens if stats else len(completion.token_ids),
+        "turns": stats.turns if stats else 1, "tool_calls": stats.tool_calls if stats else 0,
+        "segments": len(pieces), "policy_lag": step - group.policy_step(rollout),
+    }
+
+
+def samples_jsonl(config: SamplesConfig, step: int, groups: list[Group], kept: list[Group],
+                  advantages: torch.Tensor) -> bytes | None:
+    """The step's samples file (module docstring), or None when the step writes none. `advantages` are the kept
+    groups' rows, in `kept`'s order."""
+    if not samples_due(config, step):
+        return None
+    rows = {id(group): row for group, row in zip(kept, advantages.tolist(), strict=True)}
+    budget, lines, left_out = config.max_mib * 2**20, [], 0
+    for index, group in enumerate(groups[:math.ceil(config.fraction * len(groups))]):
+        row = rows.get(id(group))
+        for rollout in range(len(group.rewards)):
+            line = json.dumps(rollout_record(step, index, group, rollout, None if row is None else row[rollout]),
+                              default=str, ensure_ascii=False).encode() + b"\n"
+            if len(line) > budget:
+                left_out += 1
+                continue
+            budget -= len(line)
+            lines.append(line)
+    if left_out:
+        lines.append(json.dumps({"step": step, "left_out": left_out}).encode() + b"\n")
+    return b"".join(lines)

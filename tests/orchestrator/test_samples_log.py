@@ -1,0 +1,61 @@
+"""A step's rollouts as readable JSON lines (`orchestrator/samples_log.py`): what each line holds, kept and dropped
+groups, and the bounds (interval, fraction, size)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from prime_rl.envs.environment import Example, Rollout
+from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
+from prime_rl.orchestrator.config import SamplesConfig
+from prime_rl.orchestrator.conversation import TurnStats
+from prime_rl.orchestrator.rollouts import Group
+from prime_rl.orchestrator.samples_log import samples_jsonl
+
+
+def group(name: str, rewards: list[float], text: str = "olleh") -> Group:
+    completions = [RolloutCompletion([5, 6, 7], [-0.1] * 3, text, "length" if r < 0.5 else "stop", [3, 3, 4])
+                   for r in rewards]
+    return Group(name, Example([{"role": "user", "content": "reverse hello"}], "olleh", {"id": 7}),
+                 ChatResult([1, 2], 3, completions), rewards, [{"lcs": r} for r in rewards],
+                 [None if r else "respond raised KeyError" for r in rewards],
+                 [TurnStats(turns=2, sampled_tokens=2, tool_calls=1) for _ in rewards],
+                 rollouts=[Rollout([{"role": "assistant", "content": text}, {"role": "user", "content": "again"}])
+                           for _ in rewards])
+
+
+def lines(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+def test_every_rollout_of_kept_and_dropped_groups_is_a_line_with_what_a_reader_needs():
+    kept, dropped = group("reverse-text", [1.0, 0.0]), group("other", [0.5, 0.5])
+    out = lines(samples_jsonl(SamplesConfig(), 6, [kept, dropped], [kept], torch.tensor([[0.5, -0.5]])))
+    assert [(r["env"], r["group"], r["rollout"], r["kept"], r["advantage"]) for r in out] == [
+        ("reverse-text", 0, 0, True, 0.5), ("reverse-text", 0, 1, True, -0.5),
+        ("other", 1, 0, False, None), ("other", 1, 1, False, None)]
+    first = out[0]
+    assert first["prompt"] == [{"role": "user", "content": "reverse hello"}] and first["answer"] == "olleh"
+    assert first["messages"][1] == {"role": "user", "content": "again"} and first["completion"] == "olleh"
+    assert (first["reward"], first["components"], first["error"]) == (1.0, {"lcs": 1.0}, None)
+    assert out[1]["error"] == "respond raised KeyError" and out[1]["truncated"] and not first["truncated"]
+    assert (first["prompt_tokens"], first["completion_tokens"], first["sampled_tokens"]) == (2, 3, 2)
+    assert (first["turns"], first["tool_calls"], first["segments"], first["policy_lag"]) == (2, 1, 1, 3)
+
+
+def test_interval_fraction_and_size_bound_what_is_written():
+    groups = [group(f"g{i}", [1.0, 0.0]) for i in range(3)]
+    rows = torch.zeros((3, 2))
+    assert samples_jsonl(SamplesConfig(interval=2), 3, groups, groups, rows) is None
+    assert samples_jsonl(SamplesConfig(interval=0), 0, groups, groups, rows) is None
+    assert len(lines(samples_jsonl(SamplesConfig(interval=2), 4, groups, groups, rows))) == 6
+    assert {r["env"] for r in lines(samples_jsonl(SamplesConfig(fraction=0.5), 0, groups, groups, rows))} == {
+        "g0", "g1"}  # ceil(0.5 x 3) groups, whole
+    one_line = len(samples_jsonl(SamplesConfig(), 0, groups[:1], groups[:1], rows[:1]).splitlines()[0]) + 1
+    capped = lines(samples_jsonl(SamplesConfig(max_mib=2.5 * one_line / 2**20), 0, groups, groups, rows))
+    assert len(capped) == 3 and capped[-1] == {"step": 0, "left_out": 4}
+    huge = group("big", [1.0], text="x" * 100_000)
+    assert lines(samples_jsonl(SamplesConfig(max_mib=0.01), 0, [huge], [huge], rows[:1, :1])) == [
+        {"step": 0, "left_out": 1}]
