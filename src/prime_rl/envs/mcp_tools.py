@@ -4,14 +4,14 @@
     server.tools                                         # their OpenAI schemas, for `tools=`
     text, is_error = await server.call("multiply", {"a": 2, "b": 3})
 
-A server is started and listed once when the `McpServer` is made (at config time for an environment's servers:
-a command that is not found, a server that fails to start or to list its tools is a one-line `UserError`), then
-connected on the first call in the caller's event loop and kept for the run: its session is held open by a task
-of its own (the SDK's context must be entered and left in one task), and calls from any task share it. A call
-answers the tool's text (its text parts joined, or its structured content as JSON) and whether the server
-flagged it as an error (`is_error`: the tool raised, the arguments did not validate, an unknown tool). A server
-that died, or a call that outlasts its timeout (a hung server), raises `McpServerFailed`: the rollout fails, not
-the run, and the next call starts the server afresh. The child gets the SDK's allow-listed environment (`HOME`,
+A server is started and listed once per process when an `McpServer` of its command is first made (at config time for
+an environment's servers: a command that is not found, a server that fails to start or to list its tools is a one-
+line `UserError`), then connected on the first call in the caller's event loop and kept for the run: its session is
+held open by a task of its own (the SDK's context must be entered and left in one task), and calls from any task
+share it. A call answers the tool's text (its text parts joined, or its structured content as JSON) and whether the
+server flagged it as an error (`is_error`: the tool raised, the arguments did not validate, an unknown tool). A
+server that died, or a call that outlasts its timeout (a hung server), raises `McpServerFailed`: the rollout fails,
+not the run, and the next call starts the server afresh. The child gets the SDK's allow-listed environment (`HOME`,
 `PATH`, ...; `env` adds to it) and exits when its stdin closes, so it never outlives the orchestrator.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import json
 import shutil
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from prime_rl.utils.errors import UserError
 
 LIST_TIMEOUT_S = 60.0  # starting a server and listing its tools, at construction
+_LISTED: dict[tuple, list[dict[str, Any]]] = {}  # (command, env) -> its tools' schemas, listed once per process
 
 
 class McpServerFailed(RuntimeError):
@@ -69,12 +71,15 @@ class McpServer:
             raise UserError(f"MCP server command {command[0]!r} not found (neither on PATH nor as a path to an "
                             "executable file)")
         self.command, self.env = list(command), dict(env or {})
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own, whoever calls
-            try:
-                self.tools = pool.submit(asyncio.run, self._list(list_timeout_s)).result()
-            except Exception as exc:
-                raise UserError(f"MCP server {' '.join(command)!r} did not list its tools: "
-                                f"{why_failed(exc, list_timeout_s)} (is it an MCP server over stdio?)") from None
+        key = (tuple(self.command), tuple(sorted(self.env.items())))
+        if key not in _LISTED:  # once per process: config checks, the run's environments and eval's share it
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own, whoever calls
+                try:
+                    _LISTED[key] = pool.submit(asyncio.run, self._list(list_timeout_s)).result()
+                except Exception as exc:
+                    raise UserError(f"MCP server {' '.join(command)!r} did not list its tools: "
+                                    f"{why_failed(exc, list_timeout_s)} (is it an MCP server over stdio?)") from None
+        self.tools = copy.deepcopy(_LISTED[key])
         self._client: Any = None
         self._holder: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None

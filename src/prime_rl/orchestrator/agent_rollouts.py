@@ -59,17 +59,14 @@ def discounted(segments: list[RolloutCompletion], discount: float) -> list[list[
     trained); all None when gamma = 1."""
     if discount == 1.0:
         return [None] * len(segments)
-    starts = [[k for k, keep in enumerate(c.mask) if keep and (k == 0 or not c.mask[k - 1])] for c in segments]
-    calls = sum(map(len, starts))
-    out, call = [], -1
+    call, calls_of = -1, []  # per segment, per token: the call that sampled it (None: between calls)
     for completion in segments:
-        scales = []
+        row = []
         for k, keep in enumerate(completion.mask):
-            if keep and (k == 0 or not completion.mask[k - 1]):
-                call += 1
-            scales.append(discount ** (calls - 1 - call) if keep else 1.0)
-        out.append(scales)
-    return out
+            call += keep and (k == 0 or not completion.mask[k - 1])
+            row.append(call if keep else None)
+        calls_of.append(row)
+    return [[1.0 if j is None else discount ** (call - j) for j in row] for row in calls_of]
 
 
 @dataclass
