@@ -41,7 +41,8 @@ PAGES = [
     "docs/configs.md", "docs/deployment.md", "docs/environments.md", "docs/inference.md", "docs/losses.md",
     "docs/metrics.md", "docs/orchestrator.md", "docs/quickstart.md", "docs/trainer.md",
     "examples/agent/README.md",
-    "examples/alphabet_sort/README.md", "examples/dataset/README.md", "examples/is_reshape_study/README.md",
+    "examples/alphabet_sort/README.md", "examples/code/README.md", "examples/dataset/README.md",
+    "examples/is_reshape_study/README.md",
     "examples/multi_turn/README.md", "examples/reverse_text/README.md", "examples/tool_use/README.md",
 ]
 BLOCK_KINDS = {

@@ -89,6 +89,24 @@ def test_multi_turn_examples_run_as_shipped(tmp_path, example, check):
     assert all(math.isfinite(row["loss/entropy"]) for row in trainer.values())
 
 
+def test_the_code_example_scores_programs_in_the_sandbox(tmp_path, monkeypatch):
+    """`rl @ examples/code/rl.toml` (in-process, from the repository root), 2 steps of 32 rollouts, with the embedded
+    reverse-text model standing in for the SFT warm-up it names (which only `sft` writes): every rollout is scored by
+    `code_tests` in the sandbox, its components logged, and no environment error (a program that is no program scores
+    0 as `no_code`, not as a failure)."""
+    monkeypatch.chdir(REPO)
+    run = run_in_process(["@", "examples/code/rl.toml", "--output-dir", str(tmp_path / "run"), "--max-steps", "2",
+                          "--model.name", "tiny-reverse-text", "--orchestrator.batch-size", "32",
+                          "--orchestrator.eval.interval", "100", "--wandb.mode", "disabled"])
+    rollouts = run.rows("orchestrator")
+    assert sorted(rollouts) == [0, 1]
+    for row in rollouts.values():
+        parts = [row[f"reward/dataset/code_tests/{k}"] for k in ("passed", "wrong_answer", "runtime_error", "timeout",
+                                                                  "output_limit", "compile_error")]
+        assert sum(parts) + row["reward/dataset/code_tests/no_code"] == pytest.approx(1.0)
+        assert row["rollout/env_error_frac"] == 0.0
+
+
 def test_the_dataset_example_trains_on_its_file_with_named_rewards_and_evaluates_held_out_rows(tmp_path, monkeypatch):
     """`rl @ examples/dataset/rl.toml` (in-process, from the repository root as its relative paths expect),
     3 steps of 64 rollouts: each reward function is logged, the total is the weighted sum (exact_match has

@@ -69,10 +69,11 @@ PRODUCTS = {
     "outputs/reverse_text_teacher/weights/step_120": "rl @ examples/reverse_text/rl_teacher.toml",
     MODEL: "sft @ examples/reverse_text/sft_student.toml",
     "outputs/alphabet-sort-sft/weights/step_200": "sft @ examples/alphabet_sort/sft.toml",
+    "outputs/code-sft/weights/step_100": "sft @ examples/code/sft.toml",
 }
 """Model directories that an earlier command of a page trains (the command), for the commands after it (the teacher
 of rl_opd.toml, the student of rl_student.toml, the SFT model of alphabet_sort/rl.toml): the embedded model stands in
-for them."""
+for them (and the SFT model of code/rl.toml)."""
 LINKED = ["benchmarks", "docs", "examples", "pyproject.toml", "scripts", "src", "tests"]
 
 

@@ -87,8 +87,8 @@ def run_in_process(argv: Sequence[str], timeout_s: float = TIMEOUT_S) -> InProce
     if config.trainer.num_processes > 1 or config.deployment.split:
         raise ValueError("an in-process run has one trainer rank and every component: start `rl` for this")
     plan = plan_run(config)
-    for server_config in (*plan.servers.values(), plan.teacher):
-        if server_config is not None and resolved_backend(server_config.backend) != "builtin":
+    for server_config in (*plan.servers.values(), *plan.side.values()):
+        if resolved_backend(server_config.backend) != "builtin":
             raise ValueError("an in-process run serves with the builtin backend")
     run_lock = prepare_run_dir(plan)
     saved_env = os.environ.get(LOG_FILE_BY_PARENT_ENV)
@@ -96,9 +96,10 @@ def run_in_process(argv: Sequence[str], timeout_s: float = TIMEOUT_S) -> InProce
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     servers: dict[str, BuiltinServer] = {}
     workers: list[_Worker] = []
+    judge_env = {k: v for k, v in plan.key_env.get("orchestrator", {}).items() if k.startswith("PRIME_JUDGE_")}
     try:
-        named = [*plan.servers.items(), *([("teacher", plan.teacher)] if plan.teacher is not None else [])]
-        for name, server_config in named:
+        os.environ.update(judge_env)  # the in-process orchestrator finds the judge rl serves as a child would
+        for name, server_config in (*plan.servers.items(), *plan.side.items()):
             servers[name] = builtin_server(server_config)
             workers.append(_start_server(servers[name], name, timeout_s))
         components = [_Worker("trainer", lambda: train(plan.config.trainer)),
@@ -118,6 +119,8 @@ def run_in_process(argv: Sequence[str], timeout_s: float = TIMEOUT_S) -> InProce
                 raise worker.error
         return InProcessRun(plan, {name: server.engine.weight_step for name, server in servers.items()})
     finally:
+        for key in judge_env:
+            os.environ.pop(key, None)
         for server in servers.values():
             server.stop()
         for worker in workers:

@@ -34,6 +34,9 @@ INTERNAL_ENV_VARS = frozenset({
     "PRIME_INFERENCE_POLICY",  # inference.access.POLICY_ENV, set for the vLLM server
     "PRIME_INFERENCE_SERVED_NAME",  # inference.vllm.middleware.SERVED_NAME_ENV, the adapter alias for vLLM
     "PRIME_INFERENCE_WEIGHT_TRANSFER",  # inference.vllm.middleware.TRANSFER_ENV, the transfer group for vLLM
+    "PRIME_JUDGE_BASE_URL",  # envs.judge.RL_JUDGE_ENV, the judge server rl starts ([judge])
+    "PRIME_JUDGE_MODEL",
+    "PRIME_JUDGE_API_KEY",
 })
 """Variables prime-rl sets for its own processes; never config keys (a unit test finds any new one in src/)."""
 

@@ -10,11 +10,13 @@ directory, or a cached data set name; `split` picks the split). Each row becomes
 
 - prompt: column `prompt_column` (default: the first of "prompt", "question", "messages" the rows have), a
   string (one user message, after `system_prompt` when set) or a list of {role, content} messages;
-- answer: column `answer_column` (default "answer"), a string;
+- answer: column `answer_column` (default "answer"), a string; `answer_column = ""`: none (code data sets, where
+  the tests are the reference: the reward functions get "");
 - info: every column of the row, passed to the reward functions by name (`fn(completion, answer, **row)`).
 
 Every row is checked when the environment is made (at config time, before any process starts): a missing
-column, a prompt or answer of the wrong type, or no rows at all is one line naming the file, row and column.
+column, a prompt or answer of the wrong type, no rows at all, or a row a configured reward cannot score (tests
+that do not parse, a rubric field the row lacks) is one line naming the file, row and column.
 
 Order: `examples(seed)` runs epoch after epoch forever; epoch e visits every row once, in the order of
 `random.Random(f"{seed}:{e}").shuffle` (`shuffle = false`: file order every epoch). The n-th example of a seed
@@ -23,8 +25,10 @@ the example an uninterrupted run would draw, across epoch boundaries too.
 
 Evaluation (`[orchestrator.eval]`) draws from `eval_path` / `eval_split` when set (held-out rows), else from
 the training rows in another seed's order. Reward: sum of weight x function over `rewards`
-(`envs/reward_functions.py`); each function is logged as `reward/<env>/<name>`. A function that raises or
-returns anything but a finite number fails the rollout under the environment's `on_error` rule.
+(`envs/reward_functions.py`, with `reward_options = {<name> = {...}}` for the configured ones: `code_tests`,
+`judge`); each function is logged as `reward/<env>/<name>`, and the components of a function that returns a
+`Reward` as `reward/<env>/<name>/<component>`. A function that raises or returns anything but a finite number
+fails the rollout under the environment's `on_error` rule.
 """
 
 from __future__ import annotations
@@ -55,9 +59,9 @@ def row_examples(rows: list[tuple[dict[str, Any], RowRef]], prompt_column: str |
     examples = []
     for row, ref in rows:
         for name in (column, answer_column):
-            if name not in row:
+            if name and name not in row:
                 raise UserError(f"{ref}: no column {name!r} (columns: {', '.join(map(str, row))})")
-        answer = row[answer_column]
+        answer = row[answer_column] if answer_column else ""
         if not isinstance(answer, str):
             raise UserError(f"{ref}: column {answer_column!r} is a {type(answer).__name__}, not a string "
                             f"({str(answer)[:50]!r}): write answers as strings")
@@ -78,6 +82,18 @@ def _prompt(value: Any, system_prompt: str, ref: RowRef, column: str) -> list[di
                     f"got {str(value)[:60]!r}")
 
 
+def check_rows(rewards: dict[str, tuple[RewardFn, float]], rows: list[tuple[dict[str, Any], RowRef]]) -> None:
+    """Every row against every reward that can check one (`check_row(row)`, raising ValueError): one UserError
+    naming the first row that fails."""
+    checks = [(name, fn.check_row) for name, (fn, _) in rewards.items() if hasattr(fn, "check_row")]
+    for row, ref in rows if checks else ():
+        for name, check in checks:
+            try:
+                check(row)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise UserError(f"{ref}: reward '{name}': {exc}") from None
+
+
 def epochs(examples: list[Example], seed: int, shuffle: bool) -> Iterator[Example]:
     """`examples` epoch after epoch forever; epoch e shuffled by `random.Random(f"{seed}:{e}")`."""
     epoch = 0
@@ -95,16 +111,19 @@ class DatasetEnv(Environment):
 
     def __init__(self, path: str = "", split: str = "train", prompt_column: str = "", answer_column: str = "answer",
                  system_prompt: str = "", rewards: dict | None = None, extract: str = "auto",
-                 normalize: list | None = None, shuffle: bool = True, eval_path: str = "", eval_split: str = ""):
+                 normalize: list | None = None, shuffle: bool = True, eval_path: str = "", eval_split: str = "",
+                 reward_options: dict | None = None):
         if not path:
             raise UserError("environment 'dataset' needs args.path (a data file, a directory or a data set name)")
         self.rewards: dict[str, tuple[RewardFn, float]] = resolve_rewards(
             rewards if rewards is not None else {"exact_match": 1.0}, extract,
-            tuple(normalize if normalize is not None else ("strip", "whitespace")), self.id)
+            tuple(normalize if normalize is not None else ("strip", "whitespace")), self.id, reward_options)
         self.shuffle = shuffle
 
         def read(source: str, which: str) -> list[Example]:
-            return row_examples(load_rows(source, which), prompt_column or None, answer_column, system_prompt)
+            rows = load_rows(source, which)
+            check_rows(self.rewards, rows)
+            return row_examples(rows, prompt_column or None, answer_column, system_prompt)
 
         self.train = read(path, split)
         self.held_out = read(eval_path or path, eval_split or split) if (eval_path or eval_split) else None
@@ -122,6 +141,9 @@ class DatasetEnv(Environment):
             value = fn(completion, example.answer, **row)
             if inspect.isawaitable(value):
                 value = await value
+            if isinstance(value, Reward):
+                components.update({f"{name}/{part}": v for part, v in value.components.items()})
+                value = value.total
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ValueError(f"reward '{name}' returned {value!r}, not a finite number")
             components[name] = float(value)

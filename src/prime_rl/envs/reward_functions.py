@@ -19,7 +19,15 @@ The answer is extracted from the completion by `extract`: "answer_tags" (the las
 "boxed" (the last `\\boxed{...}`, braces balanced), "last_line" (the last non-empty line), "none" (the whole
 text), or "auto" (answer tags if any, else a box if any, else the whole text).
 
-Anything else is an import path, `"pkg.module:fn"`, called with the raw completion (sync or async).
+Configured built-ins take a table of options (`reward_options = {<name> = {...}}`) and return a `Reward` whose
+components are logged as `reward/<env>/<name>/<component>`:
+
+- `code_tests`: the fraction of the row's tests the completion's program passes, run in a sandbox
+  (`envs/code_tests.py`);
+- `judge`: a judge model's score of the completion under a rubric (`envs/judge.py`).
+
+Anything else is an import path, `"pkg.module:fn"`, called with the raw completion (sync or async); it may return
+a number or a `Reward`.
 """
 
 from __future__ import annotations
@@ -27,19 +35,23 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
+from prime_rl.envs.code_tests import code_tests_reward
+from prime_rl.envs.judge import judge_reward
 from prime_rl.envs.rewards import lcs_ratio as _lcs_ratio
+from prime_rl.envs.rewards import parse_number
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.imports import import_object
 
 EXTRACTIONS = ("auto", "answer_tags", "boxed", "last_line", "none")
 NORMALIZATIONS = ("strip", "whitespace", "lower", "punctuation")
 _ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 RewardFn = Callable[..., Any]
+CONFIGURED: dict[str, Callable[[dict[str, Any], str], RewardFn]] = {"code_tests": code_tests_reward,
+                                                                     "judge": judge_reward}
+"""Built-ins made from their options (a table in `reward_options`, may be empty): name -> factory(options, env)."""
 
 
 def last_boxed(text: str) -> str | None:
@@ -81,18 +93,6 @@ def normalize(text: str, steps: tuple[str, ...]) -> str:
     return text
 
 
-def parse_number(text: str) -> float | None:
-    """The last number in `text` ("1,000" -> 1000, "3/4" -> 0.75), or None."""
-    found = _NUMBER.findall(text)
-    if not found:
-        return None
-    token = found[-1].replace(",", "")
-    try:
-        return float(Fraction(token))
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
 def _math_verify(completion: str, answer: str) -> float:
     try:
         from math_verify import parse, verify
@@ -129,8 +129,19 @@ def builtin_rewards(extract: str, steps: tuple[str, ...]) -> dict[str, RewardFn]
 
 
 def resolve_rewards(rewards: dict[str, float], extract: str = "auto", steps: tuple[str, ...] = ("strip",),
-                    env_id: str = "dataset") -> dict[str, tuple[RewardFn, float]]:
-    """name -> (function, weight) for a `rewards` table; an unknown name or a bad option is a one-line UserError."""
+                    env_id: str = "dataset", options: dict[str, Any] | None = None
+                    ) -> dict[str, tuple[RewardFn, float]]:
+    """name -> (function, weight) for a `rewards` table (and the `reward_options` of its configured built-ins); an
+    unknown name or a bad option is a one-line UserError."""
+    options = options or {}
+    stray = sorted(set(options) - (set(rewards) & set(CONFIGURED)))
+    if stray:
+        raise UserError(f"environment '{env_id}': reward_options for {', '.join(stray)}, which "
+                        f"{'is' if len(stray) == 1 else 'are'} not a configured reward in rewards "
+                        f"(configured: {', '.join(CONFIGURED)})")
+    for name, table in options.items():
+        if not isinstance(table, dict):
+            raise UserError(f"environment '{env_id}': reward_options.{name} must be a table, got {table!r}")
     if extract not in EXTRACTIONS:
         raise UserError(f"environment '{env_id}': extract must be one of {', '.join(EXTRACTIONS)}, not {extract!r}")
     unknown_steps = sorted(set(steps) - set(NORMALIZATIONS))
@@ -146,12 +157,14 @@ def resolve_rewards(rewards: dict[str, float], extract: str = "auto", steps: tup
             raise UserError(f"environment '{env_id}': the weight of reward '{name}' must be a number, got {weight!r}")
         if name in builtins:
             resolved[name] = (builtins[name], float(weight))
+        elif name in CONFIGURED:
+            resolved[name] = (CONFIGURED[name](options.get(name, {}), env_id), float(weight))
         elif ":" in name:
             try:
                 resolved[name] = (import_object(name), float(weight))
             except ValueError as exc:
                 raise UserError(f"environment '{env_id}': reward {exc}") from None
         else:
-            raise UserError(f"environment '{env_id}': unknown reward '{name}' (built-ins: {', '.join(builtins)}; "
-                            "or 'pkg.module:fn')")
+            raise UserError(f"environment '{env_id}': unknown reward '{name}' (built-ins: "
+                            f"{', '.join([*builtins, *CONFIGURED])}; or 'pkg.module:fn')")
     return resolved

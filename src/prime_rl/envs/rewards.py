@@ -2,7 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any, TypeVar
+
+Options = TypeVar("Options")
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+def parse_number(text: str) -> float | None:
+    """The last number in `text` ("1,000" -> 1000, "3/4" -> 0.75), or None."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    token = found[-1].replace(",", "")
+    try:
+        return float(Fraction(token))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def typed_options(cls: type[Options], options: dict[str, Any], fail: Callable[[str], Exception]) -> Options:
+    """`cls(**options)` for a dataclass of options that all have defaults (a configured reward's `reward_options`
+    table); an unknown name, or a value of another type than its default's (an int stands for a float, a bool is no
+    number), raises `fail(message)`."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise fail(f"has no option(s) {', '.join(unknown)} (allowed: {', '.join(known)})")
+    for name, value in options.items():
+        field = known[name]
+        want = type(field.default if field.default is not dataclasses.MISSING else field.default_factory())
+        ok = isinstance(value, want) and not (isinstance(value, bool) and want is not bool)
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            kind = "number" if want in (int, float) else {"str": "string", "dict": "table"}.get(want.__name__,
+                                                                                                   want.__name__)
+            raise fail(f"option {name} must be a {kind}, got {value!r}")
+    return cls(**options)
 
 
 def lcs_length(a: Sequence, b: Sequence) -> int:

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from prime_rl import run_lock
 from prime_rl.configs.base import with_values
-from prime_rl.configs.shared import WeightTransferConfig
+from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.inference.config import VLLM_MISSING, InferenceConfig, resolved_backend, vllm_available
 from prime_rl.launch import output_dir
@@ -46,7 +46,9 @@ from prime_rl.utils.net import listening_socket
 
 RUN_PARTS = (TRAINER, ORCHESTRATOR)  # what a checkpoint step of an rl run must hold to resume from
 TEACHER = "teacher"  # the teacher's server: its config and log file names
-SERVERS = ("inference", TEACHER)  # children that must never exit while the run goes on (one policy server of
+JUDGE = "judge"  # the judge's server (a `[judge]`): its config and log file names
+SIDE_SERVERS = (TEACHER, JUDGE)
+SERVERS = ("inference", *SIDE_SERVERS)  # children that must never exit while the run goes on (one policy server of
 # several, `inference_<i>`, may: the orchestrator drops it)
 # Where each child reads the inference API key from: its config field as a PRIME_ variable.
 API_KEY_ENV = {"inference": "PRIME_API_KEY", "orchestrator": "PRIME_CLIENT__API_KEY"}
@@ -70,8 +72,9 @@ class RunPlan:
     """The checkpoint step a resume continues after (`ckpt.resume_step` pinned to a number), else None."""
     servers: dict[str, InferenceConfig]
     """The policy's servers this rl starts, by name: `inference`, `inference_1`, ... (none on a trainer node)."""
-    teacher: InferenceConfig | None
-    """The teacher's server, when rl starts it (a `[teacher]` without `base_url`)."""
+    side: dict[str, InferenceConfig]
+    """The servers beside the policy's this rl starts, by name: the teacher's (a `[teacher]` without `base_url`) and
+    the judge's (a `[judge]`)."""
     devices: dict[str, str]
     """CUDA_VISIBLE_DEVICES of each child ('' on CPU)."""
     key_env: dict[str, dict[str, str]]
@@ -82,9 +85,7 @@ class RunPlan:
         """Every config this rl writes to `configs/`, by file name: the servers, the teacher's, the orchestrator's
         and the trainer's (those of `deployment.components`)."""
         here = self.config.deployment.components
-        configs: dict[str, BaseModel] = dict(self.servers)
-        if self.teacher is not None:
-            configs[TEACHER] = self.teacher
+        configs: dict[str, BaseModel] = {**self.servers, **self.side}
         configs |= {name: getattr(self.config, name) for name in COMPONENTS if name in here and name != "inference"}
         return configs
 
@@ -132,20 +133,24 @@ def plan_run(loaded: RLConfig) -> RunPlan:
                    for (name, server), rank in zip(servers.items(), ranks, strict=True)}
         if "inference" in servers:
             values["inference.weight_transfer"] = servers["inference"].weight_transfer
-    teacher = None
+    side: dict[str, InferenceConfig] = {}
     if starts_teacher(config):
-        teacher = teacher_server(config, server_port(config.inference.host, 0))
+        side[TEACHER] = teacher = teacher_server(config, server_port(config.inference.host, 0))
         values["orchestrator.teacher"] = config.teacher.model_copy(
             update={"base_url": f"http://{teacher.host}:{teacher.port}/v1"})
+    if config.judge is not None:
+        side[JUDGE] = judge = judge_server(config, server_port(config.inference.host, 0))
+        key_env["orchestrator"] |= {"PRIME_JUDGE_BASE_URL": f"http://{judge.host}:{judge.port}/v1",
+                                    "PRIME_JUDGE_MODEL": judge.model.name}
     config = with_values(config, values)
     if "inference" in servers:
         servers["inference"] = config.inference
-    for name, server in (*servers.items(), (TEACHER, teacher)):
-        if server is not None and resolved_backend(server.backend) == "vllm" and not vllm_available():
+    for name, server in (*servers.items(), *side.items()):
+        if resolved_backend(server.backend) == "vllm" and not vllm_available():
             raise ConfigError(f"{name} server: {VLLM_MISSING}")
-    devices = {TEACHER: inference_devices, "orchestrator": "", "trainer": trainer_devices,
+    devices = {**dict.fromkeys(SIDE_SERVERS, inference_devices), "orchestrator": "", "trainer": trainer_devices,
                **dict(zip(policy_servers(config), server_devices, strict=True))}
-    return RunPlan(config, recorded, owner, base, doomed, resumed, servers, teacher, devices, key_env)
+    return RunPlan(config, recorded, owner, base, doomed, resumed, servers, side, devices, key_env)
 
 
 def prepare_run_dir(plan: RunPlan) -> run_lock.RunLock | None:
@@ -252,13 +257,22 @@ def starts_teacher(config: RLConfig) -> bool:
 
 
 def teacher_server(config: RLConfig, port: int) -> InferenceConfig:
-    """The teacher server's config: inference's, with the teacher's model and backend, its own port, no weight
-    updates (none from directories, none over the transfer group), one server, and one token more context than
-    seq_len (a scoring request generates one)."""
-    teacher = config.teacher
+    """The teacher's server: one token more context than seq_len (a scoring request generates one)."""
+    return side_server(config, config.teacher.model, config.teacher.backend, port, config.seq_len + 1)
+
+
+def judge_server(config: RLConfig, port: int) -> InferenceConfig:
+    """The judge's server: the policy server's context."""
+    return side_server(config, config.judge.model, config.judge.backend, port, config.inference.seq_len)
+
+
+def side_server(config: RLConfig, model: ModelConfig, backend: str, port: int, seq_len: int) -> InferenceConfig:
+    """A server beside the policy's (the teacher's: `seq_len` one token more than the run's, as a scoring request
+    generates one; the judge's): inference's config with this model and backend, its own port, no weight updates
+    (none from directories, none over the transfer group), one server."""
     vllm = config.inference.vllm.model_copy(update={"max_model_len": None, "max_lora_rank": None})
     return config.inference.model_copy(deep=True, update={
-        "model": teacher.model, "backend": teacher.backend, "port": port, "seq_len": config.seq_len + 1,
+        "model": model, "backend": backend, "port": port, "seq_len": seq_len,
         "weight_dirs": [], "vllm": vllm, "weight_transfer": WeightTransferConfig(), "num_servers": 1})
 
 
@@ -313,6 +327,9 @@ def run_api_key(config: RLConfig) -> dict[str, dict[str, str]]:
     if starts_teacher(config):  # the teacher server rl starts takes the run's key
         env[TEACHER] = {"PRIME_API_KEY": key}
         env["orchestrator"]["PRIME_TEACHER__API_KEY"] = key
+    if config.judge is not None:  # so does the judge's
+        env[JUDGE] = {"PRIME_API_KEY": key}
+        env["orchestrator"]["PRIME_JUDGE_API_KEY"] = key
     elif config.teacher is not None and config.teacher.api_key is not None:
         env["orchestrator"]["PRIME_TEACHER__API_KEY"] = config.teacher.api_key.get_secret_value()
     return env

@@ -6,7 +6,8 @@ inference server and the trainer (under torchrun when `trainer.num_processes > 1
 server to serve, starts the orchestrator, shows progress, and stops everything when the run ends,
 fails, or is interrupted.
 With a `[teacher]` that names no `base_url` it also starts the teacher's inference server
-(`configs/teacher.toml`, `logs/teacher.log`) beside the policy's and waits for it too.
+(`configs/teacher.toml`, `logs/teacher.log`) beside the policy's and waits for it too; with a `[judge]`, the
+judge's (`configs/judge.toml`, `logs/judge.log`).
 
 A split run (`deployment.components`, one `rl` per node on a shared `output_dir`): a server node's
 `rl` starts only the inference server, another `rl` the orchestrator and trainer. That one owns the
@@ -32,7 +33,9 @@ from prime_rl import run_lock
 from prime_rl.configs.cli import run_main
 from prime_rl.launch import slurm
 from prime_rl.launch.plan import (
+    JUDGE,
     RUN_PARTS,
+    SIDE_SERVERS,
     TEACHER,
     is_server,
     plan_run,
@@ -110,7 +113,8 @@ def component_commands(config: RLConfig, base: Path | None = None) -> dict[str, 
         trainer = [python, *trainer_module]
     commands = {
         name: [python, "-m", "prime_rl.inference.server", "@", str(config_file(out, name))]
-        for name in [*policy_servers(config), *([TEACHER] if starts_teacher(config) else [])]
+        for name in [*policy_servers(config), *([TEACHER] if starts_teacher(config) else []),
+                     *([JUDGE] if config.judge is not None else [])]
     }
     commands["orchestrator"] = [python, "-m", "prime_rl.orchestrator.orchestrator", "@",
                                 str(config_file(out, "orchestrator"))]
@@ -207,11 +211,11 @@ def launch(config: RLConfig) -> None:
         if resumed is not None:
             console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
         # The trainer needs nothing from the server: it starts (imports, loads the model) meanwhile.
-        for name in (*plan.servers, TEACHER, "trainer"):
+        for name in (*plan.servers, *SIDE_SERVERS, "trainer"):
             if name in children:
                 children[name].start()
         waits = [(name, f"http://{server.host}:{server.port}/health", children[name])
-                 for name, server in (*plan.servers.items(), (TEACHER, plan.teacher)) if name in children]
+                 for name, server in (*plan.servers.items(), *plan.side.items()) if name in children]
         if "orchestrator" in children and "inference" not in children:  # a split run: the server runs elsewhere
             waits += [("inference", f"{server_root(url)}/health", None) for url in config.orchestrator.client.urls]
         for name, health, child in waits:

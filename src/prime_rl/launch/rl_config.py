@@ -17,8 +17,15 @@ from pydantic import BaseModel, Field, field_validator
 
 from prime_rl.configs.base import BaseConfig, with_values
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
-from prime_rl.configs.shared import ASYNC_LEVEL_DEFAULT, AsyncLevel, CkptConfig, RunConfig, WeightTransferConfig
-from prime_rl.inference.config import InferenceConfig, resolved_backend
+from prime_rl.configs.shared import (
+    ASYNC_LEVEL_DEFAULT,
+    AsyncLevel,
+    CkptConfig,
+    ModelConfig,
+    RunConfig,
+    WeightTransferConfig,
+)
+from prime_rl.inference.config import BACKENDS, InferenceConfig, resolved_backend
 from prime_rl.orchestrator.config import OrchestratorConfig, TeacherConfig
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.utils.errors import UserError
@@ -59,6 +66,17 @@ class DeploymentConfig(BaseConfig):
     def split(self) -> bool:
         """Whether another rl starts some components of this run."""
         return len(self.components) < 3
+
+
+class JudgeServerConfig(BaseConfig):
+    """A judge model rl serves for the `judge` reward (`[judge]`): an inference server of its own, started and
+    stopped with the run; the orchestrator gets its URL (PRIME_JUDGE_BASE_URL), its model name (PRIME_JUDGE_MODEL) and
+    the run's key (PRIME_JUDGE_API_KEY), which a judge reward without base_url uses."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The judge model (a local path, or an embedded model's name)."""
+    backend: Literal[(*BACKENDS.names, "auto")] = "auto"  # type: ignore[valid-type]
+    """Backend of the judge's server (its other options are inference's)."""
 
 
 class SlurmConfig(BaseConfig):
@@ -130,6 +148,10 @@ class RLConfig(RunConfig):
     """On-policy distillation from a teacher model (docs/losses.md#on-policy-distillation); handed to the
     orchestrator. Without teacher.base_url rl starts the teacher's server (a second inference process with
     inference's options, on a free port and the inference devices)."""
+    judge: JudgeServerConfig | None = None
+    """A judge model rl serves beside the policy, for the `judge` reward (docs/environments.md#llm-judges): a third
+    inference process with inference's options, on a free port and the inference devices; the orchestrator gets its
+    URL, model name and key, so a judge reward with no base_url uses it."""
     weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
     """How weight updates reach the inference servers: mode = "filesystem" (weights/step_N) or "distributed" (a
     torch.distributed broadcast from the trainer); handed to the trainer and the servers."""
@@ -171,11 +193,23 @@ class RLConfig(RunConfig):
         models = [("model", self.model)]
         if self.teacher is not None and self.teacher.base_url is None:
             models.append(("teacher.model", self.teacher.model))
+        if self.judge is not None:
+            models.append(("judge.model", self.judge.model))
         for key, model in models:
             try:
                 model.path  # noqa: B018  (resolving it checks it)
             except UserError as exc:
                 raise ValueError(f"{key}.name: {exc}") from None
+
+    def _check_judge(self) -> None:
+        """A judge reward without base_url scores with the judge rl serves: it needs a `[judge]`."""
+        if self.judge is not None:
+            return
+        for env in self.orchestrator.env:
+            rewards, options = env.args.get("rewards") or {}, env.args.get("reward_options") or {}
+            if isinstance(rewards, dict) and "judge" in rewards and not (options.get("judge") or {}).get("base_url"):
+                raise ValueError(f"orchestrator.env '{env.id}': the judge reward has no base_url: give the judge's "
+                                 "URL (reward_options.judge.base_url), or a [judge] section for rl to serve one")
 
     def _check_request_budget(self) -> None:
         """The orchestrator's largest request (n = rollouts_per_example completions of max_tokens) must fit the
@@ -215,6 +249,9 @@ class RLConfig(RunConfig):
         if self.teacher is not None and self.teacher.base_url is None:
             raise ValueError("teacher.base_url: a split run does not start the teacher's server; start it yourself "
                              "and give its URL")
+        if self.judge is not None:
+            raise ValueError("judge: a split run does not start the judge's server; start it yourself and give its "
+                             "URL as the judge reward's base_url")
         if self.overwrite and "trainer" not in here:
             raise ValueError("overwrite: only the rl that runs the trainer owns the run directory "
                              "(deployment.components)")
@@ -268,6 +305,7 @@ class RLConfig(RunConfig):
                              "builtin backend has (inference.backend)")
         self._check_split()
         self._check_models_exist()
+        self._check_judge()
         self._check_request_budget()
         if self.weight_transfer.mode == "distributed":
             if self.deployment.split:
