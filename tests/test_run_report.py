@@ -99,8 +99,8 @@ def test_the_console_warns_on_every_step_whose_batch_was_empty_or_mostly_failed(
     assert warnings[1].startswith("step 3/4: warning: 75% of the rollouts failed in the environment and scored 0")
     assert "logs/orchestrator.log" in warnings[0] and 'on_error = "fail"' in warnings[1]
     summary = summary_lines(tail, 1.0, tmp_path)
-    assert summary[:2] == ["steps trained: 4", "warning: 2 of them trained on an empty or mostly failed batch "
-                                               "(steps 2, 3)"]
+    assert summary[:2] == ["steps trained: 4", "warning: 2 of them trained on an empty, mostly failed or signal-less "
+                                               "batch (steps 2, 3)"]
 
 
 def test_the_progress_line_shows_loss_kl_both_step_times_elapsed_and_eta_with_1_based_steps(tmp_path):

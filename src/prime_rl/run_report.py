@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
+from prime_rl.samples_summary import COLUMNS, step_rows
 from prime_rl.utils.fs import atomic_path
 
 PLOTTED = (  # (key, source, title); a panel whose series is absent (a loss without a soft gate) says n/a
@@ -91,11 +94,15 @@ ENV_FAILURE_WARN_FRAC = 0.5
 
 def step_warning(tail: MetricsTail, step: int) -> str | None:
     """Why the batch of `step` (0-based) trains nothing the run is for, in words for the console, else None: most
-    of its rollouts failed in the environment (scored 0), or every group was filtered (an empty batch)."""
+    of its rollouts failed in the environment (scored 0), every group's rewards were equal (every advantage is 0),
+    or every group was filtered (an empty batch)."""
     failed = tail.get("orchestrator", "rollout/env_error_frac").get(step)
     if failed is not None and failed > ENV_FAILURE_WARN_FRAC:
         return (f"{failed:.0%} of the rollouts failed in the environment and scored 0 (see logs/orchestrator.log; "
                 "on_error = \"fail\" in [[orchestrator.env]] stops the run instead)")
+    if tail.get("orchestrator", "advantage/no_signal").get(step) == 1.0:
+        return ("no learning signal: every group's rewards were equal, so every advantage and the policy loss are 0 "
+                "(orchestrator.dynamic_sampling draws new prompts in place of such groups)")
     if tail.get("orchestrator", "rollout/num_samples").get(step) == 0:
         filtered = tail.get("orchestrator", "rollout/filtered_frac").get(step, 1.0)
         return (f"trained on an empty batch: every group was filtered (rollout/filtered_frac {filtered:.2f}: "
@@ -109,7 +116,7 @@ def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[st
     lines = [f"steps trained: {len(trained)}"]
     warned = [step for step in sorted(trained) if step_warning(tail, step) is not None]
     if warned:
-        lines.append(f"warning: {len(warned)} of them trained on an empty or mostly failed batch (steps "
+        lines.append(f"warning: {len(warned)} of them trained on an empty, mostly failed or signal-less batch (steps "
                      f"{', '.join(str(step + 1) for step in warned[:10])}{' ...' if len(warned) > 10 else ''})")
     if rewards:
         steps = sorted(rewards)
@@ -178,8 +185,11 @@ def write_plot(tail: MetricsTail, path: Path, plotted: tuple[tuple[str, str, str
 class ProgressView:
     """A live bar on a terminal; one line per trained step otherwise (logs, CI)."""
 
-    def __init__(self, console: Console, total: int, start: int = 0):
+    def __init__(self, console: Console, total: int, start: int = 0, samples_from: Path | None = None,
+                 sample_rows: int = 0):
         self.console = console
+        self.samples_from, self.sample_rows = samples_from, sample_rows
+        """The run directory whose written rollouts to show, and how many of each step (`samples.console_rows`)."""
         self.total = total
         self.start = start
         self.started = time.monotonic()
@@ -202,6 +212,8 @@ class ProgressView:
             warning = step_warning(tail, new)
             if warning is not None:
                 self.console.print(f"step {new + 1}/{self.total}: warning: {warning}")
+            if self.sample_rows and self.samples_from is not None:
+                self.print_samples(new)
         self.shown_step = step + 1
         info = progress_info(tail, step, step_time)
         if self.bar is None:  # a log file or pipe: elapsed time and ETA in the line (a terminal's bar shows elapsed)
@@ -213,9 +225,31 @@ class ProgressView:
         else:
             self.console.print(f"step {self.shown_step}/{self.total}  {info}")
 
+    def print_samples(self, step: int) -> None:
+        """The first `sample_rows` rollouts step `step` (0-based) wrote, one line each, cut to the console's width."""
+        rows = step_rows(self.samples_from, step, self.sample_rows)
+        if not rows:
+            return
+        table = Table(title=f"step {step + 1}: {len(rows)} rollout(s) of rollouts/step_{step}/samples.jsonl",
+                      title_justify="left", expand=True)
+        for name, ratio in (("prompt", 2), ("completion", 3), ("reward", 0), ("advantage", 0)):
+            table.add_column(name, ratio=ratio or None, no_wrap=True, overflow="ellipsis",
+                             justify="right" if not ratio else "left")
+        for row in rows:
+            values = dict(zip(COLUMNS, row, strict=True))
+            advantage = values["advantage"]
+            table.add_row(one_line(values["prompt"]), one_line(values["completion"]), f"{values['reward']:.3f}",
+                          "dropped" if advantage is None else f"{advantage:+.3f}")
+        self.console.print(table)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def one_line(text: str) -> str:
+    """Text for one table cell: newlines shown as ⏎, markup characters shown as themselves."""
+    return escape(str(text).replace("\r", "").replace("\n", " ⏎ "))
 
 
 def progress_info(tail: MetricsTail, step: int, trainer_s: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from prime_rl.envs.environment import Example, Rollout
@@ -59,3 +60,36 @@ def test_interval_fraction_and_size_bound_what_is_written():
     huge = group("big", [1.0], text="x" * 100_000)
     assert lines(samples_jsonl(SamplesConfig(max_mib=0.01), 0, [huge], [huge], rows[:1, :1])) == [
         {"step": 0, "left_out": 1}]
+
+
+@pytest.mark.slow
+def test_a_run_logs_its_samples_table_to_wandb_and_marks_steps_without_signal(tmp_path, monkeypatch):
+    """An in-process run where no rollout can score (the reverse-text model never writes a box): every group's
+    rewards are equal, each step says `advantage/no_signal` = 1, and each step's W&B samples table holds its first
+    `wandb_rows` rollouts, readable offline."""
+    from prime_rl.monitor.wandb_offline import run_files, tables
+    from prime_rl.samples_summary import COLUMNS
+    from tests.support import REPO
+    from tests.support.rl_in_process import run_in_process
+
+    monkeypatch.chdir(REPO)
+    env = ('[{id = "dataset", args = {path = "examples/dataset/train.jsonl", extract = "none", '
+           'rewards = {format_boxed = 1.0}}}]')
+    run = run_in_process(["--output-dir", str(tmp_path / "run"), "--model.name", "tiny-reverse-text",
+                          "--max-steps", "2", "--seq-len", "256", "--orchestrator.batch-size", "16",
+                          "--orchestrator.sampling.max-tokens", "8", "--wandb.mode", "offline",
+                          "--orchestrator.samples.wandb-interval", "1", "--orchestrator.samples.wandb-rows", "5",
+                          "--orchestrator.env", env])
+    assert [row["advantage/no_signal"] for _, row in sorted(run.rows("orchestrator").items())] == [1.0, 1.0]
+    found = [t for f in run_files(tmp_path / "run") for t in tables(f, "samples")]
+    assert [t["step"] for t in found] == [0, 1]
+    assert all(t["columns"] == list(COLUMNS) and len(t["data"]) == 5 for t in found)
+
+
+def test_the_wandb_table_comes_from_steps_that_write_samples():
+    from pydantic import ValidationError
+
+    assert SamplesConfig(interval=2, wandb_interval=4).wandb_interval == 4
+    for interval, wandb_interval in ((2, 3), (0, 1)):
+        with pytest.raises(ValidationError, match="must be a multiple of interval"):
+            SamplesConfig(interval=interval, wandb_interval=wandb_interval)

@@ -280,3 +280,18 @@ def test_one_sandbox_serves_one_event_loop_after_another():
                 return [r async for r in sandbox.run("print(input())", STDIO)]
             return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(3))), 30)
         assert [r[0].stdout for r in asyncio.run(contended())] == ["abc\n"] * 3
+
+
+def test_a_python_under_tmp_stays_visible(monkeypatch):
+    """A checkout in /tmp (as CI clones) has its virtual environment there: bwrap binds it over its own tmpfs /tmp,
+    and unshare mounts no tmpfs over the directory that holds it."""
+    from prime_rl.sandbox import local
+
+    monkeypatch.setattr(local, "_python_paths", lambda python: ["/usr", "/tmp/checkout/.venv"])
+    local.scratch_dirs.cache_clear()
+    try:
+        assert "/tmp" not in local.scratch_dirs("python") and local.workdir_for("unshare", "python", "") != "/tmp/work"
+        argv = local.bwrap_argv("python", 1 << 20)
+        assert argv.index("--tmpfs") < argv.index("/tmp/checkout/.venv")
+    finally:
+        local.scratch_dirs.cache_clear()

@@ -226,7 +226,8 @@ def launch(config: RLConfig) -> None:
         if not owner and "orchestrator" not in children:
             console.print(f"serving at http://{config.inference.host}:{config.inference.port}/v1 until the trainer "
                           "elsewhere logs its last step (Ctrl-C stops it sooner)")
-        view = ProgressView(console, config.max_steps, resumed or 0)
+        view = ProgressView(console, config.max_steps, resumed or 0, config.output_dir,
+                            config.orchestrator.samples.console_rows)
         supervise(children, view, tail, config.output_dir, config.max_steps)
     except KeyboardInterrupt:
         interrupted = True

@@ -62,6 +62,10 @@ class Monitor:
         for sink in self.sinks:
             sink.log(values, step)
 
+    def table(self, name: str, columns: tuple[str, ...], rows: list[list], step: int) -> None:
+        """A table at `step` (W&B only: metrics.jsonl and the console hold numbers)."""
+        self.wandb.table(name, columns, rows, step)
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()

@@ -168,6 +168,19 @@ class WandbSink:
         except Exception as exc:
             self._disable(f"logging failed ({exc})")
 
+    def table(self, name: str, columns: tuple[str, ...], rows: list[list], step: int) -> None:
+        """`rows` as a `wandb.Table` named `name` at `step` (cells that are not numbers or text as JSON text)."""
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            cells = [[c if c is None or isinstance(c, int | float | str) else json.dumps(c) for c in row]
+                     for row in rows]
+            self.run.log({name: wandb.Table(columns=list(columns), data=cells)}, step=step)
+        except Exception as exc:
+            self._disable(f"logging a table failed ({exc})")
+
     @property
     def run_dir(self) -> Path | None:
         return Path(self.run.dir).parent if self.run is not None else None

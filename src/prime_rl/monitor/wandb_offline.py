@@ -4,7 +4,8 @@ offline run; this reads them from the run file itself.
 
     uv run python -m prime_rl.monitor.wandb_offline outputs/reverse_text    # a run dir, its wandb/ or a .wandb file
 
-prints the config, the summary (the last value of every key) and how many rows were logged, as JSON.
+prints the config, the summary (the last value of every key) and how many rows were logged, as JSON; `tables`
+reads the tables logged under a key (the orchestrator's `samples`: [orchestrator.samples] wandb_interval).
 
 The file is a 7-byte header (":W&B", magic, version) followed by a LevelDB-style log:
 32 KiB blocks of chunks, each `crc32c (4) | length (2, little-endian) | type (1) | data`,
@@ -77,6 +78,17 @@ def read_run(run_file: Path) -> dict:
 def history(run_file: Path) -> list[dict]:
     """Every logged history row of an offline run, values decoded from JSON."""
     return read_run(run_file)["history"]
+
+
+def tables(run_file: Path, key: str) -> list[dict]:
+    """Every table logged under `key` ({"step", "columns", "data"}), read from the run's `files/` folder, where W&B
+    keeps a table's JSON; its history row holds `<key>/_type` "table-file" and `<key>/path`."""
+    found = []
+    for row in history(run_file):
+        if row.get(f"{key}/_type") == "table-file":
+            table = json.loads((run_file.parent / "files" / row[f"{key}/path"]).read_text())
+            found.append({"step": row.get("_step"), "columns": table["columns"], "data": table["data"]})
+    return found
 
 
 def run_files(path: Path) -> list[Path]:

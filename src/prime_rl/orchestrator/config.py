@@ -171,6 +171,21 @@ class SamplesConfig(BaseConfig):
     """Of each written step's groups, the first ceil(fraction x groups) (all rollouts of a group, together)."""
     max_mib: float = Field(default=16.0, gt=0)
     """At most this much per step: rollouts past it are left out (a last line says how many)."""
+    console_rows: Annotated[int, Field(ge=0)] = 0
+    """`rl` prints this many of each written step's rollouts as a table (prompt, completion, reward, advantage), cut
+    to the terminal's width; 0: none."""
+    wandb_interval: Annotated[int, Field(ge=0)] = 0
+    """Log the written rollouts to W&B as a `samples` table every this many steps (a multiple of `interval`, so that
+    the step wrote them); 0: never."""
+    wandb_rows: Annotated[int, Field(ge=1)] = 64
+    """Rows of each W&B table: the step's first rollouts, whole groups first."""
+
+    @model_validator(mode="after")
+    def _wandb_on_written_steps(self) -> SamplesConfig:
+        if self.wandb_interval and (not self.interval or self.wandb_interval % self.interval):
+            raise ValueError(f"wandb_interval = {self.wandb_interval} must be a multiple of interval = "
+                             f"{self.interval}: the table shows the rollouts a step wrote")
+        return self
 
 
 class EvalConfig(BaseConfig):

@@ -65,6 +65,7 @@ from prime_rl.orchestrator.step_collector import StepCollector
 from prime_rl.orchestrator.teacher_scoring import Teacher
 from prime_rl.orchestrator.weight_sync import WeightSync
 from prime_rl.run_dir import log_file, resolve_resume_step, rollouts_root
+from prime_rl.samples_summary import COLUMNS, summary_rows
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
 
@@ -128,6 +129,8 @@ class Orchestrator:
         self.config = config
         self.client = client
         self.teacher = teacher
+        self.tables: dict[int, list[list]] = {}
+        """Rows of the W&B samples tables of finished steps not yet logged (`[orchestrator.samples] wandb_interval`)."""
         rng = rng_from_json(state.rng_state) if state.rng_state is not None else None
         self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
@@ -207,7 +210,8 @@ class Orchestrator:
         advantages = self.advantages.of(kept, c.normalize_advantages)
         if not kept:
             log.warning(f"step {step}: every group was filtered out; the trainer gets an empty (all-masked) batch")
-        elif self.teacher is None and c.advantage.trainer_step is None and not advantages.any():
+        no_signal = bool(kept) and self.teacher is None and c.advantage.trainer_step is None and not advantages.any()
+        if no_signal:
             log.warning(f"step {step}: every advantage is 0 (each group's rewards are equal): the step carries no "
                         "learning signal and its policy loss is 0")
         samples = self.samples(kept, advantages)
@@ -216,12 +220,16 @@ class Orchestrator:
         optional = (("teacher_logprobs",) if self.teacher is not None else ()) + c.advantage.batch_fields
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
                              c.share_prompts, optional, c.advantage.type)
-        write_step(c.output_dir, step, batches, samples_jsonl(c.samples, step, groups, kept, advantages))
+        written = samples_jsonl(c.samples, step, groups, kept, advantages)
+        write_step(c.output_dir, step, batches, written)
+        if written is not None and c.samples.wandb_interval and step % c.samples.wandb_interval == 0:
+            self.tables[step] = summary_rows(written.splitlines(), c.samples.wandb_rows)
         total = sum(len(g.rewards) for g in groups)
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
         metrics |= {
             "rollout/filtered_frac": 1 - sum(len(g.rewards) for g in kept) / total,
             "rollout/num_samples": float(len(samples)),
+            "advantage/no_signal": float(no_signal),
             "rollout/micro_batches_per_rank": float(len(batches[0].micro_batches)),
             "perf/step_time_s": time.monotonic() - generated.start,
         }
@@ -244,6 +252,8 @@ async def run_steps(orch: Orchestrator, monitor: Monitor, first: int) -> None:
     async def complete(generated: Generated) -> None:
         metrics = await orch.finish(generated)
         monitor.log(metrics, generated.step)
+        if generated.step in orch.tables:
+            monitor.table("samples", COLUMNS, orch.tables.pop(generated.step), generated.step)
         log.info(
             f"step {generated.step}: reward {metrics['reward/mean']:.3f}, lag {metrics['async/policy_lag_mean']:.2f}, "
             f"{metrics['perf/step_time_s']:.2f}s (waited {metrics['perf/wait_for_weights_s']:.2f}s for weights)"

@@ -3,13 +3,14 @@ one JSON job from stdin, isolates itself further, runs the job's cases one by on
 case to stdout as each finishes. Standard library only; nothing here trusts the code it runs.
 
 The job (`marshal`ed by the orchestrator): {"level", "slot_uid", "workdir", "paths" (added to sys.path: the
-harness starts without `site`, which is slow), "solution", "cases", "limits"}; a call case's "args" is the list of
+harness starts without `site`, which is slow), "scratch" (where `unshare` mounts tmpfs), "solution", "cases",
+"limits"}; a call case's "args" is the list of
 arguments itself.
 
 1. Isolation it finishes itself:
    - `unshare` level (started by util-linux `unshare` in new user, mount, PID, network, IPC and UTS namespaces):
      every mount becomes read-only (`mount_setattr(AT_RECURSIVE, MOUNT_ATTR_RDONLY)`), then fresh size-capped
-     tmpfs mounts cover /tmp, /var/tmp and /dev/shm;
+     tmpfs mounts cover /tmp, /var/tmp and /dev/shm (each that holds none of Python's own files);
    - as real root (`bwrap` or `unshare` levels started by root): the harness switches to the job's unprivileged
      `slot_uid` (no capabilities left; the process limit counts per uid, and root is exempt from it);
    - otherwise (a namespace's mapped root): the capability bounding set is emptied, so no case keeps a capability;
@@ -59,8 +60,8 @@ def check(result, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def read_only_filesystem(tmp_bytes):
-    """Every mount read-only, then writable size-capped tmpfs over the usual scratch directories."""
+def read_only_filesystem(tmp_bytes, scratch):
+    """Every mount read-only, then writable size-capped tmpfs over the `scratch` directories."""
     check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
 
     class MountAttr(ctypes.Structure):
@@ -70,7 +71,7 @@ def read_only_filesystem(tmp_bytes):
     attr = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
     check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)),
           "make mounts read-only")
-    for path in ("/tmp", "/var/tmp", "/dev/shm"):
+    for path in scratch:
         if os.path.isdir(path):
             options = f"size={tmp_bytes},mode=1777".encode()
             check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount {path}")
@@ -278,7 +279,7 @@ def main():
     sys.path.extend(job["paths"])  # started with -S (no site: faster); the packages a solution may import
     builtins.exit = builtins.quit = sys.exit
     if job["level"] == "unshare":
-        read_only_filesystem(job["limits"]["tmp_bytes"])
+        read_only_filesystem(job["limits"]["tmp_bytes"], job["scratch"])
     if job["level"] != "none":
         drop_privileges(job.get("slot_uid"), keep_read_search=job["level"] == "unshare")
         os.makedirs(job["workdir"], exist_ok=True)

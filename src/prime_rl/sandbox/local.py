@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 LEVELS = ("auto", "bwrap", "unshare", "none")
 HARNESS = Path(__file__).with_name("harness.py")
 SANDBOX_WORKDIR = "/tmp/work"
+"""The evaluation's directory inside `bwrap` (a tmpfs /tmp of its own)."""
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+"""Where the `unshare` level mounts writable tmpfs (each that holds none of the Python paths the sandbox needs)."""
 SLOT_UID_BASE = 1_000_000
 """Root's sandboxes run as uid SLOT_UID_BASE + (pid % 100,000) * 1,000 + slot: one uid per concurrent evaluation
 of one orchestrator, so the process limit (counted per uid) is each evaluation's own."""
@@ -103,13 +106,15 @@ def bwrap_argv(python: str, tmp_bytes: int) -> list[str]:
             argv += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
+    # /tmp first: Python paths under it (a virtual environment in a temporary checkout) are bound on top of it.
+    argv += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
     paths = _python_paths(python)
-    for parent in sorted({str(p) for path in paths for p in Path(path).parents if str(p) != "/"}, key=len):
+    for parent in sorted({str(p) for path in paths for p in Path(path).parents if str(p) not in ("/", "/tmp")},
+                         key=len):
         argv += ["--perms", "0755", "--dir", parent]  # bwrap would copy a parent's mode: /root is 0700
     for path in paths:
         argv += ["--ro-bind", path, path]
-    argv += ["--ro-bind-try", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    argv += ["--ro-bind-try", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp"]
     for key, value in sandbox_env(SANDBOX_WORKDIR).items():
         argv += ["--setenv", key, value]
     return [*argv, "--", python]
@@ -147,12 +152,33 @@ def harness_argv(level: str, python: str, limits: Limits) -> list[str]:
     return [*prefix, "-I", "-S", "-B", "-c", _harness_source()]
 
 
+@functools.cache
+def scratch_dirs(python: str) -> list[str]:
+    """SCRATCH_DIRS that exist and hold none of the sandbox Python's paths (a tmpfs over one would hide them)."""
+    paths = _python_paths(python)
+    return [d for d in SCRATCH_DIRS if os.path.isdir(d) and not any(p == d or p.startswith(d + "/") for p in paths)]
+
+
+def workdir_for(level: str, python: str, host_dir: str) -> str:
+    """The evaluation's directory: a host temporary directory (`none`), the tmpfs /tmp of bwrap, or `unshare`'s
+    first scratch tmpfs."""
+    if level == "none":
+        return host_dir
+    if level == "bwrap":
+        return SANDBOX_WORKDIR
+    scratch = scratch_dirs(python)
+    if not scratch:
+        raise SandboxFailed(f"unshare: every scratch directory ({', '.join(SCRATCH_DIRS)}) holds Python's files")
+    return scratch[0] + "/work"
+
+
 def encode_job(level: str, slot: Slot, workdir: str, solution: str, cases: Sequence[dict[str, Any]],
-               limits: Limits) -> bytes:
+               limits: Limits, python: str) -> bytes:
     """The harness's job (its module docstring), marshalled: cheaper to read inside than JSON."""
     cases = [{**c, "args": json.loads(c["args"])} if c["kind"] == "call" else dict(c) for c in cases]
     return marshal.dumps({"level": level, "slot_uid": slot.uid, "workdir": workdir, "paths": _site_paths(),
-                          "solution": solution, "cases": cases, "limits": limits.as_job()})
+                          "scratch": scratch_dirs(python), "solution": solution, "cases": cases,
+                          "limits": limits.as_job()})
 
 
 @functools.cache
@@ -171,13 +197,13 @@ def level_works(level: str, python: str) -> str:
     tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(level)
     if tool and shutil.which(tool) is None:
         return f"{tool} is not installed"
-    job = encode_job(level, Slot(999), SANDBOX_WORKDIR if level != "none" else ".", "print(6 * 7)",
-                     [{"kind": "stdio", "stdin": ""}], Limits())
     with tempfile.TemporaryDirectory(prefix="prime-rl-sandbox-probe-") as tmp:
         try:
+            job = encode_job(level, Slot(999), workdir_for(level, python, tmp), "print(6 * 7)",
+                             [{"kind": "stdio", "stdin": ""}], Limits(), python)
             done = subprocess.run(harness_argv(level, python, Limits()), input=job, capture_output=True,
                                   timeout=30, env=sandbox_env(tmp), cwd=tmp)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except (OSError, subprocess.TimeoutExpired, SandboxFailed) as exc:
             return f"{type(exc).__name__}: {exc}"
     lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
     if done.returncode == 0 and lines and json.loads(lines[-1]).get("stdout") == "42\n":
@@ -225,8 +251,8 @@ class LocalSandbox:
         caller's `break`) kills the harness. A harness that dies or says nothing valid: `SandboxFailed`."""
         async with self._limit():
             with _SLOTS.take() as slot, tempfile.TemporaryDirectory(prefix="prime-rl-sandbox-") as tmp:
-                workdir = tmp if self.level == "none" else SANDBOX_WORKDIR
-                job = encode_job(self.level, slot, workdir, solution, cases, self.limits)
+                workdir = workdir_for(self.level, self.python, tmp)
+                job = encode_job(self.level, slot, workdir, solution, cases, self.limits, self.python)
                 proc = await asyncio.create_subprocess_exec(
                     *harness_argv(self.level, self.python, self.limits), stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=sandbox_env(workdir),
