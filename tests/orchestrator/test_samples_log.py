@@ -44,6 +44,8 @@ def test_every_rollout_of_kept_and_dropped_groups_is_a_line_with_what_a_reader_n
     assert out[1]["error"] == "respond raised KeyError" and out[1]["truncated"] and not first["truncated"]
     assert (first["prompt_tokens"], first["completion_tokens"], first["sampled_tokens"]) == (2, 3, 2)
     assert (first["turns"], first["tool_calls"], first["segments"], first["policy_lag"]) == (2, 1, 1, 3)
+    assert first["tokens"] == [{"ids": [5, 6, 7], "logprobs": [-0.1] * 3, "sampled": [True] * 3,
+                                "weight_steps": [3, 3, 4]}]
 
 
 def test_interval_fraction_and_size_bound_what_is_written():

@@ -11,7 +11,8 @@ zero-advantage filters), on steps where step % interval == 0:
     text as sampled, reasoning included), reward, components, advantage (null for a dropped group), error (why the
     rollout failed, or null), finish_reason, truncated, prompt_tokens and completion_tokens (over its samples),
     sampled_tokens, turns, tool_calls, segments (an agent rollout's samples), policy_lag (step - its oldest
-    token's weight step)
+    token's weight step), tokens (per sample: `token_record`, the ids, sampler logprobs, which were sampled, weight
+    steps)
 
 Lines stop at `max_mib` for the step; a last line `{"step", "left_out": n}` says how many rollouts did not fit.
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from prime_rl.orchestrator.client import RolloutCompletion
 from prime_rl.orchestrator.config import SamplesConfig
 from prime_rl.orchestrator.rollouts import Group
 
@@ -51,7 +53,18 @@ def rollout_record(step: int, index: int, group: Group, rollout: int, advantage:
         "sampled_tokens": stats.sampled_tokens if stats else len(completion.token_ids),
         "turns": stats.turns if stats else 1, "tool_calls": stats.tool_calls if stats else 0,
         "segments": len(pieces), "policy_lag": step - group.policy_step(rollout),
+        "tokens": [token_record(piece.completion) for piece in pieces],
     }
+
+
+def token_record(completion: RolloutCompletion) -> dict[str, Any]:
+    """A sample's tokens after its prompt: ids, the sampler's logprob of each, whether the policy sampled it (false:
+    an environment's or a chat template's token between turns, which trains nothing), the weight step it was
+    sampled under."""
+    n = len(completion.token_ids)
+    return {"ids": completion.token_ids, "logprobs": [round(lp, 5) for lp in completion.logprobs],
+            "sampled": completion.mask if completion.mask is not None else [True] * n,
+            "weight_steps": completion.weight_steps}
 
 
 def samples_jsonl(config: SamplesConfig, step: int, groups: list[Group], kept: list[Group],
