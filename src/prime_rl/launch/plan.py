@@ -23,6 +23,7 @@ from prime_rl import run_lock
 from prime_rl.configs.base import with_values
 from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
+from prime_rl.envs.judge import RL_JUDGE_ENV
 from prime_rl.inference.config import VLLM_MISSING, InferenceConfig, resolved_backend, vllm_available
 from prime_rl.launch import output_dir
 from prime_rl.launch.rl_config import COMPONENTS, RLConfig
@@ -140,8 +141,8 @@ def plan_run(loaded: RLConfig) -> RunPlan:
             update={"base_url": f"http://{teacher.host}:{teacher.port}/v1"})
     if config.judge is not None:
         side[JUDGE] = judge = judge_server(config, server_port(config.inference.host, 0))
-        key_env["orchestrator"] |= {"PRIME_JUDGE_BASE_URL": f"http://{judge.host}:{judge.port}/v1",
-                                    "PRIME_JUDGE_MODEL": judge.model.name}
+        key_env["orchestrator"] |= {RL_JUDGE_ENV["base_url"]: f"http://{judge.host}:{judge.port}/v1",
+                                    RL_JUDGE_ENV["model"]: judge.model.name}
     config = with_values(config, values)
     if "inference" in servers:
         servers["inference"] = config.inference
@@ -329,7 +330,7 @@ def run_api_key(config: RLConfig) -> dict[str, dict[str, str]]:
         env["orchestrator"]["PRIME_TEACHER__API_KEY"] = key
     if config.judge is not None:  # so does the judge's
         env[JUDGE] = {"PRIME_API_KEY": key}
-        env["orchestrator"]["PRIME_JUDGE_API_KEY"] = key
+        env["orchestrator"][RL_JUDGE_ENV["key"]] = key
     elif config.teacher is not None and config.teacher.api_key is not None:
         env["orchestrator"]["PRIME_TEACHER__API_KEY"] = config.teacher.api_key.get_secret_value()
     return env
