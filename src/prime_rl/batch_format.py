@@ -24,7 +24,11 @@ fields: `ref_logprobs`, `teacher_logprobs` (on-policy distillation) and `rewards
 advantage types: each sample's reward on its last trained token, 0 elsewhere; `advantages` is
 then 0 and the trainer computes them). Optional per-segment fields (group types with
 `reward_kl`, whose advantages the trainer recomputes): `sample_groups` (the sample's group
-within the step, -1 for a root or padding) and `sample_rewards` (its reward, 0 there).
+within the step, -1 for a root or padding) and `sample_rewards` (its reward, 0 there). On a step that
+writes `samples.jsonl`, every row carries `sample_keys` (the `key` of the sample's token record in that
+file, -1 for a root, padding or a sample the file leaves out) and `completion_lens` (how many of the
+segment's last tokens are the sample's completion): the trainer writes its own per-token record of
+those samples (`trainer/rl/token_outcomes.py`).
 
 Shared prefixes: a segment whose `position_ids` start at 0 is a *root*. A segment starting
 at p > 0 is a *branch*: it continues the nearest preceding root, which must be exactly p
@@ -53,6 +57,7 @@ from prime_rl.utils.fs import atomic_dir
 
 OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs", "rewards")
 OPTIONAL_SAMPLE_FIELDS = ("sample_groups", "sample_rewards")
+RECORD_FIELDS = ("sample_keys", "completion_lens")
 
 
 @dataclass
@@ -69,6 +74,8 @@ class MicroBatch:
     rewards: torch.Tensor | None = None  # float32 [T]: a sample's reward on its last trained token, else 0
     sample_groups: torch.Tensor | None = None  # long [S]: each segment's group within the step (-1: no sample)
     sample_rewards: torch.Tensor | None = None  # float32 [S]: each segment's reward (0: no sample)
+    sample_keys: torch.Tensor | None = None  # long [S]: the sample's token-record key in samples.jsonl (-1: none)
+    completion_lens: torch.Tensor | None = None  # long [S]: completion tokens at the end of each segment
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -99,7 +106,7 @@ class MicroBatch:
                 raise ValueError(f"micro-batch field {name} has shape {tuple(value.shape)}, expected ({T},)")
         if int(self.sample_lens.sum()) != T:
             raise ValueError(f"sample_lens sum to {int(self.sample_lens.sum())}, expected {T}")
-        for name in ("policy_step", *OPTIONAL_SAMPLE_FIELDS):
+        for name in ("policy_step", *OPTIONAL_SAMPLE_FIELDS, *RECORD_FIELDS):
             value = getattr(self, name)
             if value is not None and value.shape != self.sample_lens.shape:
                 raise ValueError(f"{name} must have one entry per sample")

@@ -8,12 +8,14 @@ only one that spells its names (docs/architecture.md has the contract of each fi
       configs/<component>.toml           each component's resolved config (rl.toml: the whole run)
       rollouts/step_N/rank_R.pt          orchestrator -> trainer: rank R's batch of step N
       rollouts/step_N/samples.jsonl      the step's rollouts as readable JSON lines (orchestrator.samples)
+      rollouts/step_N/token_outcomes_rank_R.jsonl   trainer rank R's logprob and loss outcome of those samples' tokens
       weights/step_N/                    trainer -> inference: HF weights after N optimizer steps
       checkpoints/step_N/trainer/        written by the trainer (or `sft`) after N optimizer steps
       checkpoints/step_N/orchestrator/   written by the orchestrator after N rollout batches
       logs/<component>.log               each process's log
       metrics.jsonl (+ .lock)            every metric of every component, one JSON line per step
       metrics.png                        `rl`'s plot at the end
+      viewer.html                        the rollout viewer's page (`prime-rl view`, on demand)
       wandb/                             W&B's local files
 
 Checkpoints
@@ -58,6 +60,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 METRICS = "metrics.jsonl"
 METRICS_PLOT = "metrics.png"
+VIEWER_PAGE = "viewer.html"
 WANDB = "wandb"
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
@@ -70,7 +73,8 @@ SLURM = "slurm-job"
 SLURM_SCRIPT = "rl.sbatch"  # slurm-job/rl.sbatch and the config it runs, slurm-job/rl.toml
 SLURM_CONFIG = "rl.toml"  # `rl --slurm.nodes N`'s job script, its config and output (`slurm_dir`): not a run artifact
 
-RUN_ARTIFACTS = (ROLLOUTS, WEIGHTS, CHECKPOINTS, LOGS, CONFIGS, WANDB, METRICS, f"{METRICS}.lock", METRICS_PLOT)
+RUN_ARTIFACTS = (ROLLOUTS, WEIGHTS, CHECKPOINTS, LOGS, CONFIGS, WANDB, METRICS, f"{METRICS}.lock", METRICS_PLOT,
+                 VIEWER_PAGE)
 """What a run writes in its output directory besides the marker (what `rl --overwrite` deletes)."""
 
 _TEMPORARY = re.compile(r"^\..+\.tmp$")
@@ -116,6 +120,11 @@ def metrics_plot(output_dir: Path) -> Path:
     return Path(output_dir) / METRICS_PLOT
 
 
+def viewer_page(output_dir: Path) -> Path:
+    """Where `prime-rl view` writes the run's rollout viewer by default."""
+    return Path(output_dir) / VIEWER_PAGE
+
+
 def rollouts_root(output_dir: Path) -> Path:
     return Path(output_dir) / ROLLOUTS
 
@@ -134,6 +143,17 @@ def samples_file(directory: Path) -> Path:
     """`samples.jsonl` in a rollout step directory (or the temporary one it is written in): the step's rollouts
     to read (`orchestrator/samples_log.py`)."""
     return Path(directory) / "samples.jsonl"
+
+
+def token_outcomes_file(directory: Path, rank: int) -> Path:
+    """`token_outcomes_rank_R.jsonl` in a rollout step directory: trainer rank R's record of the tokens of the
+    samples in `samples.jsonl` that it trained (`trainer/rl/token_outcomes.py`)."""
+    return Path(directory) / f"token_outcomes_rank_{rank}.jsonl"
+
+
+def token_outcomes_files(directory: Path) -> list[Path]:
+    """Every rank's `token_outcomes_file` in a rollout step directory (none before the trainer trained the step)."""
+    return sorted(Path(directory).glob("token_outcomes_rank_*.jsonl"))
 
 
 def weights_root(output_dir: Path) -> Path:

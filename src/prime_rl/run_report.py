@@ -129,6 +129,7 @@ def summary_lines(tail: MetricsTail, wall_s: float, output_dir: Path) -> list[st
     lines.append(f"wall time: {wall_s:.0f}s")
     lines.append(f"outputs: {output_dir} (metrics.jsonl, metrics.png, rollouts/step_N/samples.jsonl, weights/, "
                  "checkpoints/, logs/)")
+    lines.append(f"read the rollouts: uv run prime-rl view {output_dir}")
     return lines
 
 

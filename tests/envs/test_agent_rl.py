@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from prime_rl.run_dir import rollout_dir, samples_file
+from prime_rl.run_dir import rollout_dir, samples_file, token_outcomes_file
 from tests.support.rl_in_process import on_policy_run
 from tests.support.rl_runs import logged_steps
 
@@ -39,3 +39,19 @@ def test_an_agent_trains_exactly_the_tokens_it_sampled_and_resumes(tmp_path, age
         for step in range(3):  # every step's samples once: the resumed run wrote the steps it regenerated
             written = samples_file(rollout_dir(resumed.run_dir, step)).read_text().splitlines()
             assert len(written) == 16 and {json.loads(line)["step"] for line in written} == {step}
+            check_token_outcomes(resumed.run_dir, step)
+
+
+def check_token_outcomes(run_dir, step: int) -> None:
+    """The trainer recorded every written sample of the step once, under its key: on policy, its logprob of each
+    sampled token is the server's (to the 5 decimals written) and each token's outcome is "k", and the environment's
+    tokens between turns are "-"."""
+    tokens = {t["key"]: t for line in samples_file(rollout_dir(run_dir, step)).read_text().splitlines()
+              for t in json.loads(line)["tokens"]}
+    records = [json.loads(line) for line in token_outcomes_file(rollout_dir(run_dir, step), 0).read_text().splitlines()]
+    assert sorted(r["key"] for r in records) == sorted(tokens)
+    for record in records:
+        sampled = tokens[record["key"]]
+        assert record["outcomes"] == "".join("k" if s else "-" for s in sampled["sampled"])
+        for lq, lp, s in zip(sampled["logprobs"], record["logprobs"], sampled["sampled"], strict=True):
+            assert not s or abs(lp - lq) <= 2e-5, (lq, lp)

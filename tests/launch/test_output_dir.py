@@ -27,7 +27,7 @@ def previous_run(out, marked=True):
     for name in ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb"):
         (out / name / "step_1").mkdir(parents=True)
         (out / name / "step_1" / "f").write_text("run")
-    for name in ("metrics.jsonl", "metrics.jsonl.lock", "metrics.png", ".metrics.jsonl.x1y2.tmp"):
+    for name in ("metrics.jsonl", "metrics.jsonl.lock", "metrics.png", "viewer.html", ".metrics.jsonl.x1y2.tmp"):
         (out / name).write_text("run")
     (out / "notes.md").write_text("mine")
     (out / ".notes.tmp").write_text("mine too")  # looks temporary, but no run file is named like it

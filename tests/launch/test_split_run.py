@@ -98,5 +98,6 @@ def test_a_trainer_across_two_nodes_joins_one_rendezvous(tmp_path):
     assert server.returncode == 0 and worker.returncode == 0, worker_out[-3000:]
     assert sorted(rows_by_source(run, "trainer")) == [0, 1, 2]
     written = sorted(p.name for p in (run / "rollouts" / "step_2").iterdir())
-    assert written == ["rank_0.pt", "rank_1.pt", "samples.jsonl"]
+    assert written == ["rank_0.pt", "rank_1.pt", "samples.jsonl", "token_outcomes_rank_0.jsonl",
+                       "token_outcomes_rank_1.jsonl"]  # each trainer rank records the samples it trained
     assert "trainer_world_size = 2" in (run / "configs" / "orchestrator.toml").read_text()

@@ -13,7 +13,7 @@ from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import SamplesConfig
 from prime_rl.orchestrator.conversation import TurnStats
 from prime_rl.orchestrator.rollouts import Group
-from prime_rl.orchestrator.samples_log import samples_jsonl
+from prime_rl.orchestrator.samples_log import SamplesFile, samples_jsonl
 
 
 def group(name: str, rewards: list[float], text: str = "olleh") -> Group:
@@ -27,8 +27,8 @@ def group(name: str, rewards: list[float], text: str = "olleh") -> Group:
                            for _ in rewards])
 
 
-def lines(data: bytes) -> list[dict]:
-    return [json.loads(line) for line in data.decode().splitlines()]
+def lines(written: SamplesFile) -> list[dict]:
+    return [json.loads(line) for line in written.data.decode().splitlines()]
 
 
 def test_every_rollout_of_kept_and_dropped_groups_is_a_line_with_what_a_reader_needs():
@@ -44,7 +44,7 @@ def test_every_rollout_of_kept_and_dropped_groups_is_a_line_with_what_a_reader_n
     assert out[1]["error"] == "respond raised KeyError" and out[1]["truncated"] and not first["truncated"]
     assert (first["prompt_tokens"], first["completion_tokens"], first["sampled_tokens"]) == (2, 3, 2)
     assert (first["turns"], first["tool_calls"], first["segments"], first["policy_lag"]) == (2, 1, 1, 3)
-    assert first["tokens"] == [{"ids": [5, 6, 7], "logprobs": [-0.1] * 3, "sampled": [True] * 3,
+    assert first["tokens"] == [{"key": 0, "ids": [5, 6, 7], "logprobs": [-0.1] * 3, "sampled": [True] * 3,
                                 "weight_steps": [3, 3, 4]}]
 
 
@@ -56,7 +56,7 @@ def test_interval_fraction_and_size_bound_what_is_written():
     assert len(lines(samples_jsonl(SamplesConfig(interval=2), 4, groups, groups, rows))) == 6
     assert {r["env"] for r in lines(samples_jsonl(SamplesConfig(fraction=0.5), 0, groups, groups, rows))} == {
         "g0", "g1"}  # ceil(0.5 x 3) groups, whole
-    one_line = len(samples_jsonl(SamplesConfig(), 0, groups[:1], groups[:1], rows[:1]).splitlines()[0]) + 1
+    one_line = len(samples_jsonl(SamplesConfig(), 0, groups[:1], groups[:1], rows[:1]).data.splitlines()[0]) + 1
     capped = lines(samples_jsonl(SamplesConfig(max_mib=2.5 * one_line / 2**20), 0, groups, groups, rows))
     assert len(capped) == 3 and capped[-1] == {"step": 0, "left_out": 4}
     huge = group("big", [1.0], text="x" * 100_000)

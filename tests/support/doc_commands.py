@@ -13,6 +13,7 @@ files linked in and the files a page assumes the reader has (`make_sandbox`). `V
 - `python script.py ARGS`, `python -m module ARGS`: run in this process until its argparse parser has parsed ARGS,
   then stopped; one without a parser would do its work, so it is only compiled.
 - `bash script.sh`: the script exists and `bash -n` parses it.
+- `prime-rl view ...` (the rollout viewer): run until its parser has parsed the arguments.
 - what cannot run in a test (installs, the network, a cluster, another checkout: `NOT_HERE`) is not run and is
   returned as `NotHere`; the block must be fenced ```bash partial. Checked even so: the extras such a command names
   exist and the versions it pins are pyproject.toml's.
@@ -178,6 +179,10 @@ class DocShell:
             return self.dry_run(program, argv[1:], env)
         if program == "pytest":
             return self.check_pytest(argv[1:])
+        if program == "prime-rl":
+            from prime_rl.viewer import view
+
+            return run_until_parsed(Path(view.__file__), argv[1:], lambda: view.main(argv[1:]))
         if program == "bash":
             return check_bash_script(self.root / argv[1])
         for name, why in NOT_HERE.items():

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_rl.run_dir import rollout_dir, rollouts_root, samples_file, token_outcomes_file
+from prime_rl.utils.fs import list_steps
 from tests.support import REPO, TASKSETS
 
 STEP_TIMEOUT_S = 240
@@ -133,6 +135,20 @@ def resume_and_check(args: list[str], run_dir: Path, log: Path, max_steps: int, 
         assert logged_steps(run_dir, source) == list(range(max_steps)), source
     assert not list(run_dir.glob("**/.*.tmp")), list(run_dir.glob("**/.*.tmp"))
     assert (run_dir / "metrics.png").exists()
+    check_samples_once(run_dir, max_steps)
+
+
+def check_samples_once(run_dir: Path, max_steps: int) -> None:
+    """Every step's samples on disk once, however the run was stopped and resumed: one samples.jsonl per step,
+    holding that step's rollouts alone, and the trainer's record of each of its samples once."""
+    assert list_steps(rollouts_root(run_dir)) == list(range(max_steps))
+    for step in range(max_steps):
+        directory = rollout_dir(run_dir, step)
+        lines = [json.loads(line) for line in samples_file(directory).read_text().splitlines()]
+        assert lines and {line["step"] for line in lines} == {step}, step
+        keys = [t["key"] for line in lines if line["kept"] for t in line["tokens"]]
+        recorded = [json.loads(line)["key"] for line in token_outcomes_file(directory, 0).read_text().splitlines()]
+        assert sorted(recorded) == sorted(keys), step
 
 
 def rows_by_source(run_dir: Path, source: str) -> dict[int, dict]:

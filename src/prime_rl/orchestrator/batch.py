@@ -10,7 +10,9 @@ teacher's logprob of each trained token); with an advantage type computed in the
 `rewards` (the sample's reward on its last trained token, 0 elsewhere: the trainer computes the
 advantages). All of them are 0 off the loss mask. With a group type's `reward_kl` every row
 carries `sample_groups` and `sample_rewards` per segment (the sample's group within the step and
-its reward; -1 and 0 for a root or padding): the trainer recomputes the group advantages.
+its reward; -1 and 0 for a root or padding): the trainer recomputes the group advantages. On a step that writes
+`samples.jsonl` every row carries `sample_keys` and `completion_lens` per segment (each sample's `key` there, -1
+for one the file leaves out, a root or padding; its completion's length): the trainer records those samples' tokens.
 
 Shared prefixes: consecutive samples with the same prompt (a group's completions) form one
 *unit*, its prompt laid out once (`prime_rl.batch_format`: root = prompt[:-1], one branch
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prime_rl.batch_format import OPTIONAL_SAMPLE_FIELDS, MicroBatch, RankBatch
+from prime_rl.batch_format import OPTIONAL_SAMPLE_FIELDS, RECORD_FIELDS, MicroBatch, RankBatch
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.utils.packing import first_fit_decreasing
 
@@ -52,6 +54,7 @@ class Sample:
     token_advantages: list[float] | None = None  # per completion token: replaces `advantage` when set
     reward: float = 0.0  # the sample's reward (the batch's `rewards`, for token-level advantage types)
     group: int = -1  # the sample's group within the step (the batch's `sample_groups`)
+    key: int = -1  # its token record's key in the step's samples.jsonl (the batch's `sample_keys`; -1: none)
 
     def trained(self) -> list[bool]:
         """Per completion token: does it carry loss."""
@@ -87,7 +90,7 @@ class Sample:
 
         return Sample(self.prompt_ids, self.completion_ids[:keep], self.completion_logprobs[:keep],
                       self.advantage, self.policy_step, self.train, cut(self.completion_mask),
-                      cut(self.teacher_logprobs), cut(self.token_advantages), self.reward, self.group)
+                      cut(self.teacher_logprobs), cut(self.token_advantages), self.reward, self.group, self.key)
 
 
 def assign_rows(row_tokens: list[int], world_size: int) -> list[list[int]]:
@@ -130,9 +133,11 @@ class _Row:
 
     def __init__(self, optional: tuple[str, ...] = ()):
         self.ids, self.positions, self.mask, self.logprobs, self.advantages = [], [], [], [], []
-        self.lens, self.steps, self.groups, self.rewards = [], [], [], []
+        self.lens, self.steps, self.groups, self.rewards, self.keys, self.completions = [], [], [], [], [], []
         self.per_sample = any(name in OPTIONAL_SAMPLE_FIELDS for name in optional)
-        self.optional: dict[str, list[float]] = {name: [] for name in optional if name not in OPTIONAL_SAMPLE_FIELDS}
+        self.recorded = any(name in RECORD_FIELDS for name in optional)
+        self.optional: dict[str, list[float]] = {
+            name: [] for name in optional if name not in OPTIONAL_SAMPLE_FIELDS + RECORD_FIELDS}
 
     def segment(self, context: list[int], first_position: int, s: Sample | None, policy_step: int) -> None:
         """Append a segment from `first_position`: `context` tokens (not trained), then `s`'s completion
@@ -154,6 +159,8 @@ class _Row:
         self.steps.append(policy_step)
         self.groups.append(s.group if s is not None else -1)
         self.rewards.append(s.reward if s is not None else 0.0)
+        self.keys.append(s.key if s is not None else -1)
+        self.completions.append(n)
 
     def unit(self, samples: list[Sample]) -> None:
         prompt = samples[0].prompt_ids
@@ -176,12 +183,15 @@ class _Row:
             **{name: torch.tensor(values, dtype=torch.float32) for name, values in self.optional.items()},
             **({"sample_groups": torch.tensor(self.groups, dtype=torch.long),
                 "sample_rewards": torch.tensor(self.rewards, dtype=torch.float32)} if self.per_sample else {}),
+            **({"sample_keys": torch.tensor(self.keys, dtype=torch.long),
+                "completion_lens": torch.tensor(self.completions, dtype=torch.long)} if self.recorded else {}),
         )
 
 
 def micro_batch(units: list[list[Sample]], optional: tuple[str, ...] = ()) -> MicroBatch:
     """One packed row of `units` (see `make_units`), with the optional fields named in `optional`
-    (`teacher_logprobs`, `rewards`; `sample_groups`, which brings `sample_rewards`)."""
+    (`teacher_logprobs`, `rewards`; `sample_groups`, which brings `sample_rewards`; `sample_keys`, which brings
+    `completion_lens`)."""
     row = _Row(optional)
     for unit in units:
         row.unit(unit)

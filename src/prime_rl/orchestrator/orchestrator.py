@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from prime_rl.batch_format import write_step
+from prime_rl.batch_format import RECORD_FIELDS, write_step
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.configs.cli import run_main
 from prime_rl.envs import load_env
@@ -156,18 +156,20 @@ class Orchestrator:
         log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         return metrics
 
-    def samples(self, groups: list[Group], advantages: torch.Tensor) -> list[Sample]:
+    def samples(self, groups: list[Group], advantages: torch.Tensor,
+                keys: dict[tuple[int, int, int], int] | None = None) -> list[Sample]:
         """Every trained sample of `groups`: one per rollout (an agent rollout: one per segment, each with the
-        rollout's advantage and reward, per token discounted by its call with a `turn_discount`)."""
-        samples = []
+        rollout's advantage and reward, per token discounted by its call with a `turn_discount`), keyed as the
+        step's samples file keys them (`SamplesFile.keys`; -1: not in the file)."""
+        samples, keys = [], keys or {}
         for index, (group, row) in enumerate(zip(groups, advantages.tolist(), strict=True)):
             for rollout, (advantage, reward) in enumerate(zip(row, group.rewards, strict=True)):
-                for piece in group.trained(rollout):
+                for segment, piece in enumerate(group.trained(rollout)):
                     completion = piece.completion
                     train = not (self.config.mask_truncated and completion.truncated)
                     sample = Sample(piece.prompt_ids, completion.token_ids, completion.logprobs, advantage,
                                     group.result.policy_step(completion), train, completion.mask, reward=reward,
-                                    group=index)
+                                    group=index, key=keys.get((id(group), rollout, segment), -1))
                     if piece.scales is not None:
                         sample.token_advantages = [advantage * scale for scale in piece.scales]
                     if len(sample) > self.config.seq_len:
@@ -214,16 +216,17 @@ class Orchestrator:
         if no_signal:
             log.warning(f"step {step}: every advantage is 0 (each group's rewards are equal): the step carries no "
                         "learning signal and its policy loss is 0")
-        samples = self.samples(kept, advantages)
+        written = samples_jsonl(c.samples, step, groups, kept, advantages)
+        samples = self.samples(kept, advantages, written.keys if written is not None else None)
         if self.teacher is not None:  # teacher logprobs and the OPD advantage (advantages/distillation.py)
             metrics |= await self.teacher.apply(samples, c.teacher_temperature)
         optional = (("teacher_logprobs",) if self.teacher is not None else ()) + c.advantage.batch_fields
+        optional += RECORD_FIELDS if written is not None else ()
         batches = pack_batch(samples, c.seq_len, c.trainer_world_size, step, c.sampling.rule, c.sampling.max_tokens,
                              c.share_prompts, optional, c.advantage.type)
-        written = samples_jsonl(c.samples, step, groups, kept, advantages)
-        write_step(c.output_dir, step, batches, written)
+        write_step(c.output_dir, step, batches, written.data if written is not None else None)
         if written is not None and c.samples.wandb_interval and step % c.samples.wandb_interval == 0:
-            self.tables[step] = summary_rows(written.splitlines(), c.samples.wandb_rows)
+            self.tables[step] = summary_rows(written.data.splitlines(), c.samples.wandb_rows)
         total = sum(len(g.rewards) for g in groups)
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
         metrics |= {

@@ -11,16 +11,20 @@ zero-advantage filters), on steps where step % interval == 0:
     text as sampled, reasoning included), reward, components, advantage (null for a dropped group), error (why the
     rollout failed, or null), finish_reason, truncated, prompt_tokens and completion_tokens (over its samples),
     sampled_tokens, turns, tool_calls, segments (an agent rollout's samples), policy_lag (step - its oldest
-    token's weight step), tokens (per sample: `token_record`, the ids, sampler logprobs, which were sampled, weight
-    steps)
+    token's weight step), tokens (per sample: `token_record`, its key, the ids, sampler logprobs, which were
+    sampled, weight steps)
 
 Lines stop at `max_mib` for the step; a last line `{"step", "left_out": n}` says how many rollouts did not fit.
+Each written sample's `key` (0, 1, ... over the file's token records) goes into the trainer's batch
+(`sample_keys`), and the trainer writes its logprob and mask reason of each of those samples' tokens under the
+same key (`trainer/rl/token_outcomes.py`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,8 +39,18 @@ def samples_due(config: SamplesConfig, step: int) -> bool:
     return config.interval > 0 and step % config.interval == 0
 
 
-def rollout_record(step: int, index: int, group: Group, rollout: int, advantage: float | None) -> dict[str, Any]:
-    """The line of rollout `rollout` of `group` (the step's `index`-th generated group; module docstring)."""
+@dataclass
+class SamplesFile:
+    """A step's samples.jsonl and the keys of the samples it holds, by (id of the group, rollout, segment)."""
+
+    data: bytes
+    keys: dict[tuple[int, int, int], int]
+
+
+def rollout_record(step: int, index: int, group: Group, rollout: int, advantage: float | None,
+                   first_key: int = 0) -> dict[str, Any]:
+    """The line of rollout `rollout` of `group` (the step's `index`-th generated group; module docstring), its
+    samples keyed `first_key`, `first_key` + 1, ..."""
     pieces = group.trained(rollout)
     completion = group.result.completions[rollout]
     stats = group.stats[rollout] if group.stats else None
@@ -53,38 +67,40 @@ def rollout_record(step: int, index: int, group: Group, rollout: int, advantage:
         "sampled_tokens": stats.sampled_tokens if stats else len(completion.token_ids),
         "turns": stats.turns if stats else 1, "tool_calls": stats.tool_calls if stats else 0,
         "segments": len(pieces), "policy_lag": step - group.policy_step(rollout),
-        "tokens": [token_record(piece.completion) for piece in pieces],
+        "tokens": [token_record(piece.completion, first_key + j) for j, piece in enumerate(pieces)],
     }
 
 
-def token_record(completion: RolloutCompletion) -> dict[str, Any]:
-    """A sample's tokens after its prompt: ids, the sampler's logprob of each, whether the policy sampled it (false:
-    an environment's or a chat template's token between turns, which trains nothing), the weight step it was
-    sampled under."""
+def token_record(completion: RolloutCompletion, key: int) -> dict[str, Any]:
+    """A sample's tokens after its prompt: its key, the ids, the sampler's logprob of each, whether the policy
+    sampled it (false: an environment's or a chat template's token between turns, which trains nothing), the weight
+    step it was sampled under."""
     n = len(completion.token_ids)
-    return {"ids": completion.token_ids, "logprobs": [round(lp, 5) for lp in completion.logprobs],
+    return {"key": key, "ids": completion.token_ids, "logprobs": [round(lp, 5) for lp in completion.logprobs],
             "sampled": completion.mask if completion.mask is not None else [True] * n,
             "weight_steps": completion.weight_steps}
 
 
 def samples_jsonl(config: SamplesConfig, step: int, groups: list[Group], kept: list[Group],
-                  advantages: torch.Tensor) -> bytes | None:
+                  advantages: torch.Tensor) -> SamplesFile | None:
     """The step's samples file (module docstring), or None when the step writes none. `advantages` are the kept
     groups' rows, in `kept`'s order."""
     if not samples_due(config, step):
         return None
     rows = {id(group): row for group, row in zip(kept, advantages.tolist(), strict=True)}
-    budget, lines, left_out = config.max_mib * 2**20, [], 0
+    budget, lines, left_out, keys = config.max_mib * 2**20, [], 0, {}
     for index, group in enumerate(groups[:math.ceil(config.fraction * len(groups))]):
         row = rows.get(id(group))
         for rollout in range(len(group.rewards)):
-            line = json.dumps(rollout_record(step, index, group, rollout, None if row is None else row[rollout]),
-                              default=str, ensure_ascii=False).encode() + b"\n"
+            record = rollout_record(step, index, group, rollout, None if row is None else row[rollout], len(keys))
+            # errors="replace": a lone surrogate in an environment's text becomes "?" instead of failing the step
+            line = json.dumps(record, default=str, ensure_ascii=False).encode(errors="replace") + b"\n"
             if len(line) > budget:
                 left_out += 1
                 continue
             budget -= len(line)
             lines.append(line)
+            keys |= {(id(group), rollout, j): token["key"] for j, token in enumerate(record["tokens"])}
     if left_out:
         lines.append(json.dumps({"step": step, "left_out": left_out}).encode() + b"\n")
-    return b"".join(lines)
+    return SamplesFile(b"".join(lines), keys)

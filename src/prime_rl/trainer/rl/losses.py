@@ -83,6 +83,24 @@ class LossOutputs:
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+    outcomes: Tensor | None = None
+    """[T] int8, when asked for: what the loss did with each token, an index into `TOKEN_OUTCOMES`."""
+
+
+TOKEN_OUTCOMES = "-klhx"
+"""What the loss did with a token, one character each (`Loss(inputs, scale, outcomes=True)`, the viewer's mask
+colouring): '-' outside the loss mask (a prompt's, an environment's or a masked sample's token: trains nothing),
+'k' kept (its gradient flows as the variant weights it), 'l' / 'h' the variant's low / high bound acted on it
+(`PolicyTerm.clip_low` / `clip_high`: masked by `default`, clipped by the PPO family, truncated by cispo; docs/losses.md
+per variant), 'x' trained but its ratio is not finite (a -inf logprob: dropped before any math)."""
+
+
+def token_outcomes(p: TokenView, term: PolicyTerm) -> Tensor:
+    """[T] int8 indices into `TOKEN_OUTCOMES` (a token past both bounds, as `default`'s sequence masks can make one,
+    reads 'h')."""
+    codes = torch.zeros_like(p.trained, dtype=torch.int8)
+    codes = codes.masked_fill(p.mask, 1).masked_fill(term.clip_low & p.mask, 2).masked_fill(term.clip_high & p.mask, 3)
+    return codes.masked_fill(p.trained & ~p.mask, 4)
 
 
 @dataclass(frozen=True)
@@ -677,7 +695,9 @@ class Loss:
         self._variant = LOSSES.implementation(self.config.type)
         self.needs_log_ratio_moments = self.config.needs_log_ratio_moments
 
-    def __call__(self, inputs: LossInputs, scale: LossScale) -> LossOutputs:
+    def __call__(self, inputs: LossInputs, scale: LossScale, outcomes: bool = False) -> LossOutputs:
+        """One micro-batch's share of the step loss and its metrics; with `outcomes`, each token's
+        (`token_outcomes`)."""
         cfg = self.config
         p = token_view(inputs, scale)
         term = self._variant(cfg, p)
@@ -696,7 +716,7 @@ class Loss:
         per_token = term.loss + _regularizers(cfg, p, metrics)
         metrics.update(term.extra)
         loss = normalize(per_token, p.trained, p.sample_lens, cfg.normalization, scale)
-        return LossOutputs(loss=loss, metrics=metrics)
+        return LossOutputs(loss=loss, metrics=metrics, outcomes=token_outcomes(p, term) if outcomes else None)
 
 
 def build_loss(config: Any) -> Loss:

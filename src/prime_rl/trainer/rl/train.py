@@ -10,7 +10,8 @@ logprobs under the batch's sampling rule (temperature and truncation), the confi
 all micro-batches with a global `LossScale`, takes `update_epochs` optimizer steps on it (the
 loss metrics logged are the last pass's, so with several passes they show the policy's drift
 from the sampler; the critic takes one step per pass too: a value head's loss joins the policy's backward), and
-writes `weights/step_{N+1}/`.
+writes `weights/step_{N+1}/`. On a step whose batch records samples (`sample_keys`), the first pass's logprob and loss
+outcome of their tokens go to `rollouts/step_N/token_outcomes_rank_R.jsonl` (`token_outcomes.py`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from prime_rl.trainer.rl.losses import (
 )
 from prime_rl.trainer.rl.rollout_batches import wait_for_batch
 from prime_rl.trainer.rl.step_advantages import step_advantages
+from prime_rl.trainer.rl.token_outcomes import micro_batch_outcomes, write_outcomes
 from prime_rl.trainer.session import TrainSession
 from prime_rl.trainer.value_head import ValueHeadCritic
 
@@ -80,7 +82,8 @@ def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
 
 def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale: LossScale,
                    ref_model: torch.nn.Module | None = None, match_truncation: bool = True,
-                   targets: ValueTargets | None = None) -> tuple[float, dict[str, float]]:
+                   targets: ValueTargets | None = None, outcomes: list[dict] | None = None
+                   ) -> tuple[float, dict[str, float]]:
     """Forward/backward every micro-batch of this rank; returns the global step loss that was backpropagated and
     the metrics (`loss/total`: the policy's loss).
 
@@ -92,6 +95,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
     With a joint critic (`session.critic.joint`: a value head; `targets`: V_old and G) each micro-batch's loss is
     the joint L_policy + c_V * L_V, V read from the same forward's final hidden states (`value_head.py`).
+    Given `outcomes`, the records of the micro-batches' recorded samples are appended to it (`token_outcomes.py`).
     """
     rule = scoring_rule(batch, match_truncation, session.sampled_vocab)
     if loss_fn.needs_log_ratio_moments:
@@ -114,7 +118,10 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
         else:
             lp, ent, hidden = compute_logprobs_and_hidden(session.model, mb.input_ids, mb.position_ids,
                                                           mb.sample_lens, rule)
-        out = loss_fn(loss_inputs(mb, lp, ent, ref), scale)
+        record = outcomes is not None and mb.sample_keys is not None
+        out = loss_fn(loss_inputs(mb, lp, ent, ref), scale, outcomes=record)
+        if record:
+            outcomes += micro_batch_outcomes(mb, lp, out.outcomes)
         loss = out.loss
         pairs.append(out.metrics)
         if head is not None:
@@ -162,13 +169,16 @@ def train(config: TrainerConfig) -> None:
             critic_metrics = {}
             rule = scoring_rule(batch, config.match_truncation, session.sampled_vocab)
             batch, targets, advantage_metrics = step_advantages(session, batch, config.advantage, ref_model, rule)
-            for _ in range(config.update_epochs):
+            recorded = [] if any(mb.sample_keys is not None for mb in batch.micro_batches) else None
+            for epoch in range(config.update_epochs):
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
-                                                     config.match_truncation, targets)
+                                                     config.match_truncation, targets, recorded if epoch == 0 else None)
                 grad_norm = session.optimizer_step(step, total_loss)
                 if session.critic is not None:
                     critic_metrics = session.critic.train_epoch(batch.micro_batches, targets, step, total_loss)
             metrics |= advantage_metrics | critic_metrics
+            if recorded is not None:
+                write_outcomes(config.output_dir, step, session.dist.rank, recorded)
             session.scheduler.step()
             step_time = time.perf_counter() - start
             tokens = sum(mb.num_tokens for mb in batch.micro_batches) * config.update_epochs

@@ -1,0 +1,71 @@
+"""The viewer's page: one HTML file that opens from the file system with no network (no CDN, no request of any
+kind: its Content-Security-Policy allows nothing but its own script and style, by hash).
+
+Run data is embedded as JSON in `<script type="application/json">` blocks, one per step (parsed when the step is
+opened, so a run of hundreds of steps opens at once), with every `<`, `>` and `&` written as a \\u escape and every
+non-ASCII character too: no text of a completion can end the block or be read as markup, and bytes that were not
+UTF-8 arrive as U+FFFD. The script (`assets/viewer.js`) puts text on the page with `textContent` only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from prime_rl.run_dir import metrics_file
+from prime_rl.viewer.collect import RunSamples, read_lines
+
+ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
+
+
+def json_block(value: Any) -> str:
+    """`value` as JSON safe inside a script element (module docstring)."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str).translate(ESCAPES)
+
+
+def asset(name: str) -> str:
+    return files("prime_rl.viewer").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def csp_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def reward_curve(run_dir: Path, run: RunSamples) -> list[list[float | None]]:
+    """[step, mean reward] per step: the orchestrator's `reward/mean` from metrics.jsonl (every rollout of the
+    step), else the mean of the step's written rollouts."""
+    logged: dict[int, float] = {}
+    metrics = metrics_file(run_dir)
+    if metrics.is_file():
+        for row in read_lines(metrics):
+            if row.get("source") == "orchestrator" and isinstance(row.get("reward/mean"), int | float):
+                logged[int(row["step"])] = float(row["reward/mean"])
+    curve = []
+    for step, rows in sorted(run.steps.items()):
+        rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
+        curve.append([step, logged.get(step, sum(rewards) / len(rewards) if rewards else None)])
+    return curve
+
+
+def render_page(run_dir: Path, run: RunSamples) -> str:
+    """The whole page of `run` (read from `run_dir`)."""
+    script, style = asset("viewer.js"), asset("viewer.css")
+    meta = {"name": run.name, "steps": sorted(run.steps), "curve": reward_curve(run_dir, run),
+            "envs": sorted({str(r.get("env")) for rows in run.steps.values() for r in rows}),
+            "vocab": {str(k): v for k, v in run.vocab.items()}, "notes": run.notes,
+            "left_out": {str(k): v for k, v in run.left_out.items()}}
+    policy = f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; img-src data:"
+    steps = "\n".join(f'<script type="application/json" id="step-{step}">{json_block(rows)}</script>'
+                      for step, rows in sorted(run.steps.items()))
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
+            f'<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f'<title>rollouts of {html.escape(run.name)}</title>\n<style>{style}</style>\n</head><body>\n'
+            f'<div id="app"></div>\n'
+            f'<script type="application/json" id="run-meta">{json_block(meta)}</script>\n{steps}\n'
+            f'<script>{script}</script>\n</body></html>\n')

@@ -1,0 +1,93 @@
+"""What the viewer reads of a run (`viewer/collect.py`) and its command (`prime-rl view`): samples joined with the
+trainer's token outcomes by key, token texts from the run's tokenizer, bounds, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prime_rl.run_dir import rollout_dir, samples_file, viewer_page
+from prime_rl.viewer.collect import collect
+from prime_rl.viewer.view import main as prime_rl
+from tests.support.sample_runs import samples_run
+
+
+def ids_as_text(ids: list[int]) -> dict[int, str]:
+    return {i: f"<{i}>" for i in ids}
+
+
+def test_each_sample_gets_the_trainer_record_of_its_key_and_every_token_id_a_text(tmp_path):
+    run = collect(samples_run(tmp_path, steps=2, groups=4, per_group=2), decode=ids_as_text)
+    assert sorted(run.steps) == [0, 1] and len(run.steps[0]) == 8
+    for row in run.steps[1]:
+        tokens = row["tokens"][0]
+        if row["kept"]:
+            assert len(tokens["trainer_logprobs"]) == len(tokens["outcomes"]) == len(tokens["ids"])
+        else:  # a dropped group trains nothing: the trainer wrote no record of it
+            assert "outcomes" not in tokens
+    every_id = {i for rows in run.steps.values() for row in rows for i in row["tokens"][0]["ids"]}
+    assert set(run.vocab) == every_id and run.vocab[every_id.pop()].startswith("<")
+
+
+def test_a_step_range_a_left_out_line_and_a_cut_line_are_read_as_written(tmp_path):
+    root = samples_run(tmp_path, steps=4, groups=2, per_group=2)
+    with open(samples_file(rollout_dir(root, 2)), "a") as f:
+        f.write(json.dumps({"step": 2, "left_out": 5}) + "\n" + '{"step": 2, "env": "cut by a kil')
+    run = collect(root, range(1, 3), decode=ids_as_text)
+    assert sorted(run.steps) == [1, 2] and len(run.steps[2]) == 4 and run.left_out == {2: 5}
+
+
+def test_tokens_decode_with_the_runs_own_tokenizer_or_show_as_ids_with_the_reason(tmp_path):
+    root = samples_run(tmp_path, steps=1, groups=1, per_group=1)
+    (root / "configs").mkdir()
+    (root / "configs" / "trainer.toml").write_text('[model]\nname = "tiny-reverse-text"\n')
+    run = collect(root)
+    assert run.notes == [] and all(len(text) == 1 for text in run.vocab.values())  # the char tokenizer: one each
+    (root / "configs" / "trainer.toml").write_text('[model]\nname = "/nowhere/model"\n')
+    run = collect(root)
+    assert run.vocab[next(iter(run.vocab))].startswith("#") and run.notes[0].startswith("tokens are shown as ids")
+
+
+def test_prime_rl_view_writes_the_page_into_the_run_directory(tmp_path, capsys):
+    root = samples_run(tmp_path, steps=2, groups=2, per_group=2)
+    prime_rl(["view", str(root)])
+    assert viewer_page(root).read_text().startswith("<!doctype html>")
+    assert f"wrote {viewer_page(root)}" in capsys.readouterr().out
+    prime_rl(["view", str(root), "-o", str(tmp_path / "elsewhere.html"), "--steps", "1:"])
+    assert 'id="step-1"' in (page := (tmp_path / "elsewhere.html").read_text()) and 'id="step-0"' not in page
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["view", "{tmp}/nowhere"], "is not a run directory"),
+    (["view", "{tmp}/empty"], "holds no samples.jsonl"),
+    (["view", "{tmp}/empty", "--steps", "4:1"], "the last step comes before the first"),
+    (["view", "{tmp}/empty", "--steps", "a:b"], "expected A:B"),
+    (["look", "{tmp}"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, words):
+    (tmp_path / "empty" / "rollouts" / "step_0").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        prime_rl([a.format(tmp=tmp_path) for a in args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("error:") and words in err, err
+
+
+def test_a_page_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    import errno
+    from pathlib import Path
+
+    root = samples_run(tmp_path, steps=1, groups=1, per_group=1)
+    real = Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.name.startswith(".viewer.html"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(SystemExit) as exit_info:
+        prime_rl(["view", str(root)])
+    assert exit_info.value.code != 0 and "no space left on device" in capsys.readouterr().err
+    assert sorted(p.name for p in root.iterdir()) == ["metrics.jsonl", "rollouts"]
+
