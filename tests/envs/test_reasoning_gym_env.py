@@ -46,3 +46,15 @@ def test_an_unknown_task_lists_close_names_and_a_bad_config_is_one_line():
         load_env("reasoning-gym", tasks="leg_counting", task_config={"leg_counting": {"no_such_option": 3}})
     with pytest.raises(UserError, match="task_config names task"):
         load_env("reasoning-gym", tasks="leg_counting", task_config={"basic_arithmetic": {}})
+
+
+def test_a_pass_score_makes_the_reward_all_or_nothing_and_keeps_the_tasks_score():
+    env = load_env("reasoning-gym", tasks="spell_backward", size=20, pass_score=1.0)
+    example = next(env.examples(seed=1))
+    right = asyncio.run(env.score(example, f"<answer>{example.answer}</answer>"))
+    near = asyncio.run(env.score(example, f"<answer>{example.answer[:-1]}x</answer>"))  # partial credit per letter
+    assert right.total == 1.0 and right.components == {"spell_backward": 1.0, "spell_backward/score": 1.0}
+    assert near.total == 0.0 and 0 < near.components["spell_backward/score"] < 1
+    for bad in (0, 1.5, True, "1"):
+        with pytest.raises(UserError, match="pass_score must be a number in"):
+            load_env("reasoning-gym", tasks="spell_backward", pass_score=bad)

@@ -71,6 +71,7 @@ PRODUCTS = {
     MODEL: "sft @ examples/reverse_text/sft_student.toml",
     "outputs/alphabet-sort-sft/weights/step_200": "sft @ examples/alphabet_sort/sft.toml",
     "outputs/code-sft/weights/step_100": "sft @ examples/code/sft.toml",
+    "outputs/reasoning-gym-sft/weights/step_150": "sft @ examples/reasoning_gym/sft.toml",
 }
 """Model directories that an earlier command of a page trains (the command), for the commands after it (the teacher
 of rl_opd.toml, the student of rl_student.toml, the SFT model of alphabet_sort/rl.toml): the embedded model stands in

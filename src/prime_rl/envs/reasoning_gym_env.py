@@ -15,7 +15,9 @@
   final answer inside `<answer>` tags).
 - Reward: the task's own `score_answer(answer, entry)` of the extracted answer (`extract`, as in the
   `dataset` environment: "auto" takes the last `<answer>` block, else a `\\boxed{}`, else the whole text;
-  "last_line" the last line); logged per task as `reward/<env>/<task>`.
+  "last_line" the last line); logged per task as `reward/<env>/<task>`. With `pass_score` the reward is 1 where
+  that score reaches it and 0 below (many tasks give partial credit, e.g. per letter or for a near number, which a
+  policy can farm instead of answering right); the task's own score stays logged as `reward/<env>/<task>/score`.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class ReasoningGymEnv(Environment):
     id = "reasoning-gym"
 
     def __init__(self, tasks: Any = None, size: int = 10_000, task_config: dict | None = None,
-                 system_prompt: str = ANSWER_PROMPT, extract: str = "auto"):
+                 system_prompt: str = ANSWER_PROMPT, extract: str = "auto", pass_score: float | None = None):
         library, known = _reasoning_gym()
         if isinstance(tasks, str):
             tasks = {tasks: 1.0}
@@ -69,6 +71,10 @@ class ReasoningGymEnv(Environment):
                     f"the weight of task {name!r} must be a positive number, got {weight!r}")
         require(size >= 1, self.id, f"size must be >= 1, got {size}")
         require(extract in EXTRACTIONS, self.id, f"extract must be one of {', '.join(EXTRACTIONS)}, not {extract!r}")
+        require(pass_score is None or (isinstance(pass_score, int | float) and not isinstance(pass_score, bool)
+                                       and 0 < pass_score <= 1), self.id,
+                f"pass_score must be a number in (0, 1] (1: exact answers only), got {pass_score!r}")
+        self.pass_score = pass_score
         self.library, self.tasks, self.size = library, dict(tasks), size
         self.task_config = task_config or {}
         unknown = sorted(set(self.task_config) - set(self.tasks))
@@ -110,4 +116,7 @@ class ReasoningGymEnv(Environment):
         task, entry = example.info["task"], example.info["entry"]
         dataset = self._dataset(task, example.info["data_seed"])
         score = float(dataset.score_answer(extract_answer(completion, self.extract), entry))
-        return Reward(score, {task: score})
+        if self.pass_score is None:
+            return Reward(score, {task: score})
+        passed = float(score >= self.pass_score)
+        return Reward(passed, {task: passed, f"{task}/score": score})
