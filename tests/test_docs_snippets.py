@@ -42,8 +42,9 @@ PAGES = [
     "docs/metrics.md", "docs/orchestrator.md", "docs/quickstart.md", "docs/rollouts.md", "docs/trainer.md",
     "examples/agent/README.md",
     "examples/alphabet_sort/README.md", "examples/code/README.md", "examples/dataset/README.md",
-    "examples/is_reshape_study/README.md", "examples/reasoning_gym/README.md",
-    "examples/multi_turn/README.md", "examples/reverse_text/README.md", "examples/tool_use/README.md",
+    "examples/is_reshape_study/README.md",
+    "examples/multi_turn/README.md", "examples/reasoning_gym/README.md", "examples/reverse_text/README.md",
+    "examples/tool_use/README.md",
 ]
 BLOCK_KINDS = {
     "python": "runs as written", "python partial": "a sketch: listed, not run",

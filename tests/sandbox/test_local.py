@@ -184,17 +184,22 @@ def test_sixty_four_evaluations_at_once_hold_every_limit(level):
 @pytest.mark.slow
 @pytest.mark.parametrize("level", ISOLATED)
 def test_the_event_loop_keeps_running_while_code_is_scored(level):
-    """256 evaluations scored on the orchestrator's loop: a ticker on the same loop is never held up for long."""
+    """256 evaluations scored on the orchestrator's loop, in a process whose address space is as large as an
+    orchestrator's: a ticker on the same loop is never held up by the loop's own work. Measured in the loop thread's
+    CPU time between two ticks (wall time would also count the scheduler's delays on a loaded machine): starting each
+    sandbox with a `preexec_fn` (a fork copying the address space's page tables) took 0.23 s of it; vfork, ~0.02 s."""
     sandbox = LocalSandbox(level, Limits(timeout_s=2.0), max_concurrency=8)
+    ballast = bytearray(1 << 30)  # 1 GiB, touched: the page tables a fork would copy
+    ballast[::4096] = b"\1" * len(range(0, 1 << 30, 4096))
 
     async def scenario():
         gaps, stop = [], asyncio.Event()
 
         async def ticker():
-            last = time.monotonic()
+            last = time.thread_time()
             while not stop.is_set():
                 await asyncio.sleep(0.01)
-                now = time.monotonic()
+                now = time.thread_time()
                 gaps.append(now - last)
                 last = now
 
@@ -208,8 +213,9 @@ def test_the_event_loop_keeps_running_while_code_is_scored(level):
         return results, gaps
 
     results, gaps = asyncio.run(scenario())
+    del ballast
     assert all(r[0].stdout == "abc\n" for r in results)
-    assert max(gaps) < 0.5, max(gaps)
+    assert max(gaps) < 0.1, max(gaps)
 
 
 @pytest.mark.parametrize("level", [*ISOLATED, "none"])

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from prime_rl.run_dir import rollout_dir, samples_file, viewer_page
+from prime_rl.run_dir import rollout_dir, samples_file, token_outcomes_file, viewer_page
 from prime_rl.viewer.collect import collect
 from prime_rl.viewer.page import render_page
 from prime_rl.viewer.view import main as prime_rl
@@ -65,6 +65,9 @@ def test_a_real_runs_page_browses_steps_groups_filters_and_colourings(tmp_path, 
         if passing:
             assert page.text_content("#detail h2").endswith(f"{passing} of 4 rollouts shown")
             assert len(shown(page, "#detail .rollout")) == passing
+        page.reload()  # the address keeps the view: filters included
+        page.wait_for_selector("html[data-ready='1']")
+        assert page.input_value("#rmin") == "0.5" and "rmin=0.5" in page.url
         page.fill("#rmin", "")
         page.press("#rmin", "Enter")
         page.check("#errors")  # on-policy runs of these tasks fail no rollout
@@ -104,9 +107,25 @@ def test_hostile_text_renders_as_text_and_runs_nothing(tmp_path):
         lines.append(json.dumps(line).encode())
     lines.append(b'{"step": 0, "env": "bytes", "group": 1, "rollout": 0, "kept": true, "reward": 0.5, '
                  b'"completion": "invalid \xff\xfe utf-8", "messages": [], "tokens": []}')
+    # what older files or a broken run can hold: NaN numbers, a -inf logprob, a sample the trainer cut and masked
+    lines.append(b'{"step": 0, "env": null, "group": 2, "rollout": 0, "kept": true, "reward": NaN, "advantage": '
+                 b'-Infinity, "completion": null, "tokens": [{"key": 9, "ids": [5, 6, 7, 8], "logprobs": [-1, '
+                 b'-Infinity, NaN, -2], "sampled": [true, true, false, true]}]}')
     samples_file(directory).write_bytes(b"\n".join(lines) + b"\n")
+    token_outcomes_file(directory, 0).write_text(
+        '{"key": 9, "logprobs": [null, -1.0, -3.0], "advantages": [0.5, 0.5, 0], "outcomes": "xk-"}\n')
     path = write_page(tmp_path, ids_as_letters)
     with chromium_page(width=1200) as (page, errors):
+        open_page(page, path.as_uri() + "#step=0&group=2&colour=constructor")  # not a colouring: plain text
+        assert page.text_content("#detail h2").startswith("group 2 · None")
+        for colour in ("logprob", "ratio", "advantage", "outcome"):
+            page.select_option("#colour", colour)
+            assert len(page.query_selector_all("#detail .rollout .tok")) == 4, colour
+        titles = page.eval_on_selector_all("#detail .rollout .tok", "spans => spans.map(s => s.title)")
+        assert "loss: non-finite ratio" in titles[0] and "cut to seq_len" in titles[3]
+        page.select_option("#env", "None")
+        assert page.text_content("#detail h2").endswith("1 of 1 rollouts shown")
+        page.goto("about:blank")
         open_page(page, path.as_uri())
         page.click(".group-card[data-group='0']")
         text = page.inner_text("#detail")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from prime_rl.run_dir import rollout_dir, samples_file, viewer_page
-from prime_rl.viewer.collect import collect
+from prime_rl.viewer.collect import collect, token_texts
 from prime_rl.viewer.view import main as prime_rl
 from tests.support.sample_runs import samples_run
 
@@ -49,6 +49,17 @@ def test_tokens_decode_with_the_runs_own_tokenizer_or_show_as_ids_with_the_reaso
     assert run.vocab[next(iter(run.vocab))].startswith("#") and run.notes[0].startswith("tokens are shown as ids")
 
 
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_token_texts_of_a_real_tokenizer_keep_their_spaces_and_special_tokens(name):
+    from tests.support.real_tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(name)
+    ids = tokenizer.encode(" hello world,\n  again", add_special_tokens=False)
+    texts = token_texts(tokenizer, ids + [tokenizer.eos_token_id])
+    assert "".join(texts[i] for i in ids) == " hello world,\n  again" and texts[ids[1]] == " world"
+    assert texts[tokenizer.eos_token_id] == tokenizer.eos_token
+
+
 def test_prime_rl_view_writes_the_page_into_the_run_directory(tmp_path, capsys):
     root = samples_run(tmp_path, steps=2, groups=2, per_group=2)
     prime_rl(["view", str(root)])
@@ -63,10 +74,14 @@ def test_prime_rl_view_writes_the_page_into_the_run_directory(tmp_path, capsys):
     (["view", "{tmp}/empty"], "holds no samples.jsonl"),
     (["view", "{tmp}/empty", "--steps", "4:1"], "the last step comes before the first"),
     (["view", "{tmp}/empty", "--steps", "a:b"], "expected A:B"),
+    (["view", "{tmp}/steps", "--steps", "5:9"], "no step of"),
+    (["view", "{tmp}/steps", "--port", "8000"], "--port is the port of --serve"),
     (["look", "{tmp}"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, words):
     (tmp_path / "empty" / "rollouts" / "step_0").mkdir(parents=True)
+    (tmp_path / "steps").mkdir()
+    samples_run(tmp_path / "steps", steps=2, groups=1, per_group=1)
     with pytest.raises(SystemExit) as exit_info:
         prime_rl([a.format(tmp=tmp_path) for a in args])
     err = capsys.readouterr().err

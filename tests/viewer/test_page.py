@@ -20,7 +20,7 @@ def test_embedded_json_has_no_markup_characters_and_reads_back_exactly():
 
 
 def test_the_policy_runs_only_the_pages_own_script_and_style(tmp_path):
-    run = RunSamples("run </title><script>", {0: [{"step": 0, "group": 0, "completion": HOSTILE[0]}]}, {})
+    run = RunSamples("run </title><script>", {0: [{"step": 0, "env": "e", "group": 0, "completion": HOSTILE[0]}]}, {})
     page = render_page(tmp_path, run)
     policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1)
     assert policy == (f"default-src 'none'; script-src {csp_hash(asset('viewer.js'))}; "
@@ -36,3 +36,8 @@ def test_the_script_never_parses_text_as_markup_or_code():
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function(",
                  "setTimeout(\"", "createContextualFragment", "srcdoc", "<script", "</script", "<!--"):
         assert sink not in script, sink
+
+
+def test_non_finite_numbers_become_null_and_words_that_look_like_them_stay():
+    block = json_block({"reward": float("nan"), "lp": [-float("inf"), 1.5], "text": "NaN and -Infinity"})
+    assert json.loads(block) == {"reward": None, "lp": [None, 1.5], "text": "NaN and -Infinity"}

@@ -32,6 +32,7 @@ import torch
 from prime_rl.orchestrator.client import RolloutCompletion
 from prime_rl.orchestrator.config import SamplesConfig
 from prime_rl.orchestrator.rollouts import Group
+from prime_rl.utils.strict_json import finite_rounded
 
 
 def samples_due(config: SamplesConfig, step: int) -> bool:
@@ -76,7 +77,7 @@ def token_record(completion: RolloutCompletion, key: int) -> dict[str, Any]:
     sampled it (false: an environment's or a chat template's token between turns, which trains nothing), the weight
     step it was sampled under."""
     n = len(completion.token_ids)
-    return {"key": key, "ids": completion.token_ids, "logprobs": [round(lp, 5) for lp in completion.logprobs],
+    return {"key": key, "ids": completion.token_ids, "logprobs": finite_rounded(completion.logprobs, 5),
             "sampled": completion.mask if completion.mask is not None else [True] * n,
             "weight_steps": completion.weight_steps}
 

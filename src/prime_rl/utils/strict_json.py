@@ -1,7 +1,16 @@
-"""Hooks for `json.loads` that keep non-finite numbers out: JSON has no NaN or Infinity, and a number that
-overflows a float would become one. Used by the inference server's request parsing and by tool-call parsing."""
+"""Non-finite numbers kept out of JSON, which has no NaN or Infinity: hooks for `json.loads` (a number that overflows
+a float would become one; used by the inference server's request parsing and by tool-call parsing), and
+`finite_rounded` for the numbers prime-rl writes for other tools to read (samples on disk)."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+
+def finite_rounded(values: Iterable[float], digits: int) -> list[float | None]:
+    """`values` rounded to `digits`, each NaN or infinity written as null (None)."""
+    return [round(x, digits) if math.isfinite(x) else None for x in values]
 
 
 def refuse_constant(name: str):

@@ -1,8 +1,9 @@
 """What the viewer shows of a run, read from its directory: every step's `samples.jsonl` joined with the trainer's
 `token_outcomes_rank_R.jsonl` by sample key, the reward curve, and the text of each token id that occurs.
 
-A token's text is the run's tokenizer decoding that id alone (a piece of a multi-byte character shows as U+FFFD);
-when the tokenizer cannot be loaded here the page shows ids (`#123`) and says why.
+A token's text is the run's tokenizer decoding that id as it reads inside a text (`token_texts`; a piece of a
+multi-byte character shows as U+FFFD); when the tokenizer cannot be loaded here the page shows ids (`#123`) and says
+why.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def step_samples(directory: Path) -> tuple[list[dict[str, Any]], int]:
         if "left_out" in record:
             left_out += int(record["left_out"])
             continue
+        record["env"] = str(record.get("env"))  # one name to show and filter by, whatever the file holds
         for tokens in record.get("tokens") or []:
             trainer = outcomes.get(tokens.get("key"))
             if trainer is not None:
@@ -74,6 +76,8 @@ def collect(run_dir: Path, steps: range | None = None,
             run.steps[step], left_out = step_samples(directory)
             if left_out:
                 run.left_out[step] = left_out
+    if not run.steps and steps is not None:
+        raise UserError(f"no step of {run_dir} in the --steps range wrote samples")
     if not run.steps:
         raise UserError(f"{run_dir} holds no samples.jsonl: the run wrote none ([orchestrator.samples] interval = 0?)")
     ids = sorted({i for rows in run.steps.values() for row in rows for t in row.get("tokens") or [] for i in t["ids"]})
@@ -92,7 +96,19 @@ def run_decoder(run_dir: Path) -> tuple[Callable[[list[int]], dict[int, str]], s
     except (OSError, ValueError, KeyError, UserError, tomllib.TOMLDecodeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return (lambda ids: {i: f"#{i}" for i in ids}), f"tokens are shown as ids: no tokenizer ({reason})"
-    return (lambda ids: {i: tokenizer.decode([i]) for i in ids}), None
+    return (lambda ids: token_texts(tokenizer, ids)), None
+
+
+def token_texts(tokenizer, ids: list[int]) -> dict[int, str]:
+    """Each id's text as it reads inside a text: decoded after an anchor token, the anchor's own text cut off, so a
+    tokenizer that drops a word's leading space at the start of a text (SentencePiece's) keeps it here."""
+    anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
+    prefix = tokenizer.decode(anchor) if anchor else ""
+    texts = {}
+    for i in ids:
+        text = tokenizer.decode(anchor + [i]) if anchor else tokenizer.decode([i])
+        texts[i] = text[len(prefix):] if prefix and text.startswith(prefix) else tokenizer.decode([i])
+    return texts
 
 
 def run_tokenizer(run_dir: Path):

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import html
 import json
+import math
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,23 @@ ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
 
 
 def json_block(value: Any) -> str:
-    """`value` as JSON safe inside a script element (module docstring)."""
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str).translate(ESCAPES)
+    """`value` as JSON safe inside a script element (module docstring); a NaN or infinity (files of older versions
+    could hold one) becomes null, which the browser's JSON.parse accepts."""
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str)
+    if "NaN" in text or "Infinity" in text:  # rare: then the slow pass (the words may also be in a text)
+        text = json.dumps(finite(value), ensure_ascii=True, separators=(",", ":"), default=str, allow_nan=False)
+    return text.translate(ESCAPES)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float, at any depth, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
 
 
 def asset(name: str) -> str:
@@ -56,7 +72,7 @@ def render_page(run_dir: Path, run: RunSamples) -> str:
     """The whole page of `run` (read from `run_dir`)."""
     script, style = asset("viewer.js"), asset("viewer.css")
     meta = {"name": run.name, "steps": sorted(run.steps), "curve": reward_curve(run_dir, run),
-            "envs": sorted({str(r.get("env")) for rows in run.steps.values() for r in rows}),
+            "envs": sorted({r["env"] for rows in run.steps.values() for r in rows}),
             "vocab": {str(k): v for k, v in run.vocab.items()}, "notes": run.notes,
             "left_out": {str(k): v for k, v in run.left_out.items()}}
     policy = f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; img-src data:"

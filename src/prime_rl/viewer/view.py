@@ -91,6 +91,8 @@ def serve(page: Path, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.port and not args.serve:
+        fail("prime-rl view: --port is the port of --serve; add --serve", 2)
     try:
         start = time.perf_counter()
         page = write_view(args.run_dir, args.out, args.steps)

@@ -46,6 +46,7 @@ def test_each_recorded_sample_gets_its_completion_tokens_whatever_the_packing():
         return [flat[round(-x * 100)] for x in record["logprobs"]]
 
     assert tokens_at(records[0]) == [10, 11] and tokens_at(records[1]) == [12, 13, 14]
+    assert records[4]["advantages"] == [1.0, 0.0, 0.0, 1.0]  # what each token trains with: 0 off the loss mask
     assert tokens_at(records[4]) == [20, 21, 22, 23] and records[4]["outcomes"][1:3] == "--"
     assert tokens_at(records[2]) == [30, 31, 32]  # cut to the row: seq_len 4 leaves 3 of its 6 tokens
     assert padding_micro_batch(RECORD_FIELDS).sample_keys.tolist() == [-1]
@@ -62,6 +63,7 @@ def test_outcomes_name_the_bound_each_token_met():
     assert (default.token_mask_low, default.token_mask_high) == (0.125, 8.0)
     # the ratio of 30 exceeds sequence_mask_high: the whole sample is masked high, so no token reads "k"
     assert record["outcomes"] == "hlhxhh"
+    assert record["logprobs"][3] is None and json.loads(json.dumps(record)) == record  # valid JSON: no -Infinity
     mild = micro_batch([[sample([1, 2], [10, 11, 12], key=3)]], RECORD_FIELDS)
     (record,) = outcomes_of(mild, torch.tensor([0.0, 0.0, lq + math.log(0.125), lq - 5, lq]))
     assert record["outcomes"] == "lll"  # a token below the bound masks its sample low (the geometric mean too)

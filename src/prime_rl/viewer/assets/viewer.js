@@ -48,15 +48,19 @@ function messageText(message) {
   return text;
 }
 
+function isNumber(value) {
+  return typeof value === "number" && isFinite(value);
+}
+
 function matches(row) {
-  if (state.env && row.env !== state.env) return false;
+  if (state.env && String(row.env) !== state.env) return false;
   if (state.rmin !== "" && !(row.reward >= Number(state.rmin))) return false;
   if (state.rmax !== "" && !(row.reward <= Number(state.rmax))) return false;
   if (state.errors && !row.error) return false;
   if (state.kept === "kept" && !row.kept) return false;
   if (state.kept === "dropped" && row.kept) return false;
   if (state.query) {
-    const haystack = (row.completion + "\n" + (row.messages || []).map(messageText).join("\n")).toLowerCase();
+    const haystack = ((row.completion || "") + "\n" + (row.messages || []).map(messageText).join("\n")).toLowerCase();
     if (!haystack.includes(state.query.toLowerCase())) return false;
   }
   return true;
@@ -71,13 +75,18 @@ function groupsOf(rows) {
   return groups;
 }
 
-// ---- the hash holds the state, so a step or group has a link --------------------------------------------------
+// ---- the address holds the whole view (step, group, colouring, filters), so a view has a link -------------------
+
+const FILTERS = ["env", "rmin", "rmax", "query"];
 
 function writeHash() {
-  const parts = ["step=" + state.step];
-  if (state.group !== null) parts.push("group=" + state.group);
-  if (state.colour !== "text") parts.push("colour=" + state.colour);
-  history.replaceState(null, "", "#" + parts.join("&"));
+  const params = new URLSearchParams({step: state.step});
+  if (state.group !== null) params.set("group", state.group);
+  if (state.colour !== "text") params.set("colour", state.colour);
+  for (const key of FILTERS) if (state[key] !== "") params.set(key, state[key]);
+  if (state.errors) params.set("errors", "1");
+  if (state.kept !== "all") params.set("kept", state.kept);
+  history.replaceState(null, "", "#" + params.toString());
 }
 
 function readHash() {
@@ -85,7 +94,11 @@ function readHash() {
   const step = Number(params.get("step"));
   if (params.has("step") && meta.steps.includes(step)) state.step = step;
   state.group = params.has("group") ? Number(params.get("group")) : null;
-  if (params.has("colour") && COLOURS[params.get("colour")]) state.colour = params.get("colour");
+  const colour = params.get("colour");
+  state.colour = colour !== null && Object.hasOwn(COLOURS, colour) ? colour : "text";
+  for (const key of FILTERS) state[key] = params.get(key) || "";
+  state.errors = params.get("errors") === "1";
+  state.kept = ["kept", "dropped"].includes(params.get("kept")) ? params.get("kept") : "all";
 }
 
 function go(changes) {
@@ -161,7 +174,7 @@ function controls() {
   const colour = el("select", {id: "colour", onchange: e => go({colour: e.target.value})});
   for (const [value, text] of Object.entries(COLOURS)) colour.append(el("option", {value: value, text: "colour: " + text}));
   colour.value = state.colour;
-  const query = el("input", {id: "query", type: "search", placeholder: "text in the completion", value: state.query,
+  const query = el("input", {id: "query", type: "search", placeholder: "text in the conversation", value: state.query,
                              onchange: e => go({query: e.target.value})});
   return el("div", {class: "controls"}, prev, step, next, env, number("rmin", state.rmin, "reward ≥"),
             number("rmax", state.rmax, "reward ≤"), el("label", {}, errors, " errors only"), kept, colour, query);
@@ -174,32 +187,52 @@ function mix(rgb, t) {
   return `rgba(${rgb[0]},${rgb[1]},${rgb[2]},${a.toFixed(3)})`;
 }
 
-const NONFINITE = "rgba(120,120,120,0.85)";
+const NONFINITE = "rgba(120,120,120,0.85)", NOT_TRAINED = "rgba(110,140,170,0.35)", CUT = "rgba(250,220,120,0.6)";
 const RED = [220, 40, 40], BLUE = [40, 90, 220], GREEN = [30, 150, 60], ORANGE = [235, 140, 0], PURPLE = [140, 50, 190];
+
+function logRatio(tokens, i) {
+  const t = tokens.trainer_logprobs ? tokens.trainer_logprobs[i] : undefined;
+  return isNumber(t) && isNumber(tokens.logprobs[i]) ? t - tokens.logprobs[i] : null;
+}
+
+function tokenAdvantage(tokens, i, advantage) {
+  // the trainer's per-token advantage (what the step trained with) where it recorded one, else the rollout's
+  if (tokens.advantages && i < tokens.advantages.length) return tokens.advantages[i];
+  return advantage;
+}
 
 function tokenColour(mode, tokens, i, advantage) {
   if (!tokens.sampled[i]) return null;
-  if (mode === "logprob") return mix(RED, -tokens.logprobs[i] / 5);
-  if (mode === "advantage") return advantage === null ? null : mix(advantage >= 0 ? GREEN : RED, Math.abs(advantage) / 2);
+  if (mode === "logprob") return isNumber(tokens.logprobs[i]) ? mix(RED, -tokens.logprobs[i] / 5) : NONFINITE;
+  if (mode === "advantage") {
+    const a = tokenAdvantage(tokens, i, advantage);
+    return isNumber(a) ? mix(a >= 0 ? GREEN : RED, Math.abs(a) / 2) : null;
+  }
   if (mode === "ratio") {
-    if (!tokens.trainer_logprobs || i >= tokens.trainer_logprobs.length) return null;
-    const logr = tokens.trainer_logprobs[i] - tokens.logprobs[i];
-    return mix(logr >= 0 ? BLUE : RED, Math.abs(logr) / 0.5);
+    const logr = logRatio(tokens, i);
+    return logr === null ? null : mix(logr >= 0 ? BLUE : RED, Math.abs(logr) / 0.5);
   }
   if (mode === "outcome") {
-    const code = tokens.outcomes ? tokens.outcomes[i] : undefined;
-    return {l: mix(ORANGE, 1), h: mix(PURPLE, 1), x: NONFINITE}[code] || null;
+    if (tokens.outcomes === undefined) return null;
+    if (i >= tokens.outcomes.length) return CUT;  // cut to seq_len by the orchestrator: never in the batch
+    return {"-": NOT_TRAINED, l: mix(ORANGE, 1), h: mix(PURPLE, 1), x: NONFINITE}[tokens.outcomes[i]] || null;
   }
   return null;
 }
 
 function tokenTitle(tokens, i, step) {
-  const lines = ["id " + tokens.ids[i], "sampler logprob " + fmt(tokens.logprobs[i], 4)];
+  const lines = ["id " + tokens.ids[i]];
+  if (tokens.sampled[i]) lines.push("sampler logprob " + fmt(tokens.logprobs[i], 4));
   if (tokens.trainer_logprobs && i < tokens.trainer_logprobs.length) {
-    const t = tokens.trainer_logprobs[i];
-    lines.push("trainer logprob " + fmt(t, 4), "ratio " + fmt(Math.exp(t - tokens.logprobs[i]), 4));
+    lines.push("trainer logprob " + fmt(tokens.trainer_logprobs[i], 4));
+    const logr = logRatio(tokens, i);
+    if (tokens.sampled[i] && logr !== null) lines.push("ratio " + fmt(Math.exp(logr), 4));
   }
-  if (tokens.outcomes && i < tokens.outcomes.length) lines.push("loss: " + OUTCOMES[tokens.outcomes[i]]);
+  if (tokens.advantages && i < tokens.advantages.length) lines.push("trained with advantage " + fmt(tokens.advantages[i], 4));
+  if (tokens.outcomes !== undefined) {
+    lines.push(i < tokens.outcomes.length ? "loss: " + OUTCOMES[tokens.outcomes[i]]
+                                          : "cut to seq_len: not in the batch");
+  }
   if (tokens.weight_steps && tokens.weight_steps[i] !== undefined)
     lines.push("weights of step " + tokens.weight_steps[i] + " (lag " + (step - tokens.weight_steps[i]) + ")");
   if (!tokens.sampled[i]) lines.push("not sampled by the policy (an environment's or template's token)");
@@ -222,7 +255,7 @@ function tokenView(row) {
     }
     box.append(line);
     if (state.colour === "ratio" || state.colour === "outcome") {
-      if (!tokens.outcomes) box.append(el("div", {class: "note", text: "no trainer record for this sample (the " +
+      if (tokens.outcomes === undefined) box.append(el("div", {class: "note", text: "no trainer record for this sample (the " +
                                                   "trainer has not trained this step yet, or the group was dropped)"}));
     }
   });
@@ -276,7 +309,8 @@ function legend() {
     logprob: [["0", null], ["-2.5", mix(RED, 0.5)], ["≤ -5", mix(RED, 1)]],
     ratio: [["r < 1", mix(RED, 1)], ["r = 1", null], ["r > 1", mix(BLUE, 1)], ["(|log r| ≥ 0.5 full colour)", null]],
     advantage: [["A < 0", mix(RED, 1)], ["A > 0", mix(GREEN, 1)], ["(|A| ≥ 2 full colour)", null]],
-    outcome: [["kept", null], ["low bound", mix(ORANGE, 1)], ["high bound", mix(PURPLE, 1)], ["non-finite", NONFINITE]],
+    outcome: [["kept", null], ["low bound", mix(ORANGE, 1)], ["high bound", mix(PURPLE, 1)], ["non-finite", NONFINITE],
+              ["not trained", NOT_TRAINED], ["cut to seq_len", CUT]],
   }[state.colour];
   const box = el("div", {class: "legend"}, el("span", {text: COLOURS[state.colour] + ":"}));
   for (const [text, colour] of items) {
@@ -296,7 +330,8 @@ function groupCard(rows, shown) {
   for (const row of rows) {
     const chip = el("span", {class: "chip" + (shown.includes(row) ? "" : " hidden") + (row.error ? " failed" : ""),
                              text: fmt(row.reward, 2)});
-    chip.style.background = mix(row.reward >= 0.5 ? GREEN : RED, Math.abs(row.reward - 0.5) * 2);
+    const reward = isNumber(row.reward) ? Math.max(0, Math.min(1, row.reward)) : null;
+    chip.style.background = reward === null ? NONFINITE : mix(reward >= 0.5 ? GREEN : RED, Math.abs(reward - 0.5) * 2);
     chips.append(chip);
   }
   return el("div", {class: "group-card" + (state.group === first.group ? " open" : ""), "data-group": first.group,
