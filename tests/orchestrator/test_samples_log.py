@@ -95,3 +95,31 @@ def test_the_wandb_table_comes_from_steps_that_write_samples():
     for interval, wandb_interval in ((2, 3), (0, 1)):
         with pytest.raises(ValidationError, match="must be a multiple of interval"):
             SamplesConfig(interval=interval, wandb_interval=wandb_interval)
+
+
+def test_a_full_disk_while_writing_samples_fails_loudly_and_leaves_the_run_as_it_was(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    from prime_rl.batch_format import write_step
+    from prime_rl.models.sampling_rule import SamplingRule
+    from prime_rl.orchestrator.batch import Sample, pack_batch
+    from prime_rl.run_dir import checkpoint_dir, metrics_file, rollout_dir, samples_file
+
+    metrics_file(tmp_path).write_text('{"step": 0}\n')
+    checkpoint_dir(tmp_path, 1, "orchestrator").mkdir(parents=True)
+    (checkpoint_dir(tmp_path, 1, "orchestrator") / "state.json").write_text("{}")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    batches = pack_batch([Sample([1, 2], [3, 4], [-0.1, -0.2], 1.0, 0)], 64, 1, 1, SamplingRule(), 8)
+    real = Path.write_bytes
+
+    def full(self, data):
+        if self.name == samples_file(self.parent).name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_step(tmp_path, 1, batches, b'{"step": 1}\n')
+    assert not rollout_dir(tmp_path, 1).exists()  # the step's batch is not there either: the trainer waits
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # nothing else touched
