@@ -44,8 +44,9 @@ def test_an_agent_trains_exactly_the_tokens_it_sampled_and_resumes(tmp_path, age
 
 def check_token_outcomes(run_dir, step: int) -> None:
     """The trainer recorded every written sample of the step once, under its key: on policy, its logprob of each
-    sampled token is the server's (to the 5 decimals written) and each token's outcome is "k", and the environment's
-    tokens between turns are "-"."""
+    sampled token is the server's (within 5e-5: both are written to 5 decimals, and fp32 forwards of a different
+    batch shape differ by ~1e-5; a token out of place differs by far more) and each token's outcome is "k", and the
+    environment's tokens between turns are "-"."""
     tokens = {t["key"]: t for line in samples_file(rollout_dir(run_dir, step)).read_text().splitlines()
               for t in json.loads(line)["tokens"]}
     records = [json.loads(line) for line in token_outcomes_file(rollout_dir(run_dir, step), 0).read_text().splitlines()]
@@ -54,4 +55,4 @@ def check_token_outcomes(run_dir, step: int) -> None:
         sampled = tokens[record["key"]]
         assert record["outcomes"] == "".join("k" if s else "-" for s in sampled["sampled"])
         for lq, lp, s in zip(sampled["logprobs"], record["logprobs"], sampled["sampled"], strict=True):
-            assert not s or abs(lp - lq) <= 2e-5, (lq, lp)
+            assert not s or abs(lp - lq) <= 5e-5, (lq, lp)
