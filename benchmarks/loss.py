@@ -15,10 +15,12 @@ import time
 
 import torch
 
-from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss, log_ratio_moments, scale_counts
+from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss, scale_counts
 
 VARIANTS = ["default", "sapo", "cispo", "vanilla", "grpo", "bnpo", "dr_grpo", "dapo", "gspo", "gspo_token", "fipo",
             "is_reshape"]  # fmt: skip
+CORRECTIONS = ["decoupled_token_is", "decoupled_seq_is_rs", "decoupled_geo_rs_token_tis", "decoupled_k3_rs"]
+"""`grpo` with each of these `[loss.correction]` presets: what the correction stage adds to the loss's own time."""
 
 
 def make_batch(samples: int, tokens: int, device: str) -> LossInputs:
@@ -35,14 +37,18 @@ def make_batch(samples: int, tokens: int, device: str) -> LossInputs:
         mask.to(device),
         torch.full((samples,), tokens, device=device),
         ref_logprobs=(lq + 0.05).to(device),
+        old_logprobs=(lq + 0.1 * torch.randn(total, generator=generator)).to(device),
     )
 
 
-def time_variant(variant: str, batch: LossInputs, repeats: int, kl: bool) -> float:
+def time_variant(variant: str, batch: LossInputs, repeats: int, kl: bool, correction: str | None = None) -> float:
     scale = LossScale.from_counts(scale_counts(batch), max_tokens=int(batch.sample_lens.max()))
-    loss_fn = build_loss({"type": variant, "kl_coef": 0.01 if kl else 0.0})
-    if loss_fn.needs_log_ratio_moments:  # the trainer's no-grad pre-pass (not timed: it is a model forward there)
-        scale = scale.with_log_ratio_moments(log_ratio_moments(batch))
+    config = {"type": variant, "kl_coef": 0.01 if kl else 0.0}
+    if correction is not None:
+        config["correction"] = {"preset": correction}
+    loss_fn = build_loss(config)
+    if loss_fn.needs_step_pass:  # the trainer's no-grad pre-pass (not timed: it is a model forward there)
+        scale = loss_fn.with_step_statistics(scale, loss_fn.step_statistics(batch))
     times = []
     for i in range(repeats + 1):
         if batch.trainer_logprobs.is_cuda:
@@ -74,6 +80,9 @@ def main() -> None:
     print("| loss | ms |\n|---|---:|")
     for variant in VARIANTS:
         print(f"| {variant} | {1000 * time_variant(variant, batch, args.repeats, args.kl):.1f} |", flush=True)
+    for preset in CORRECTIONS:
+        ms = 1000 * time_variant("grpo", batch, args.repeats, args.kl, preset)
+        print(f"| grpo + correction `{preset}` | {ms:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     uv run python benchmarks/trainer.py --preset 0.5b    # GPU: ~0.6B Qwen3 architecture, MFU
     uv run python benchmarks/trainer.py --preset tiny --steps 6 --micro-batches 8
     uv run python benchmarks/trainer.py --preset tiny --row-lens 256,1024,4096   # cost per token vs row length
+    uv run python benchmarks/trainer.py --preset 50m --old-logprobs trainer --update-epochs 2   # decoupled's forward
 
 Each preset writes a randomly initialised Qwen3-architecture model (char tokenizer; the
 vocabulary is padded to the preset's size so the LM head costs what it would in a real
@@ -17,12 +18,18 @@ tokens of the packed rows (prompt + completion), forward + backward + optimizer 
 as fit, the same tokens per step) and adds `cost_per_token_vs_first`: what a token costs
 relative to the first row length. Attention never crosses a sample (trainer/attention_layout.py),
 so this should stay near 1.
+
+`--old-logprobs trainer` runs the step with `[loss.correction] old_logprobs = "trainer"` (a no-grad forward of
+the batch before its first update, decoupled PPO's pi_old) and `sampler` without it, both with `type = "grpo"`;
+`peak_rss_mib` (the process's peak resident memory) and, on a GPU, `peak_cuda_mib` give the memory side. Run
+each setting in its own process, alternating, for a before/after (docs/benchmarks.md#the-old-policy-forward).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -81,7 +88,8 @@ def make_model(directory: Path, p: Preset) -> int:
     return num_parameters(model)
 
 
-def run_preset(name: str, p: Preset, steps: int, micro_batches: int | None) -> dict:
+def run_preset(name: str, p: Preset, steps: int, micro_batches: int | None, old_logprobs: str | None = None,
+               update_epochs: int = 1) -> dict:
     micro = micro_batches or p.micro_batches
     with tempfile.TemporaryDirectory(prefix=f"bench-trainer-{name}-") as tmp:
         tmp = Path(tmp)
@@ -93,7 +101,10 @@ def run_preset(name: str, p: Preset, steps: int, micro_batches: int | None) -> d
         config = TrainerConfig.build([], {
             "model": {"name": str(tmp / "model")}, "output_dir": str(out), "max_steps": steps,
             "seq_len": p.samples * (p.prompt_len + p.completion_len), "wandb": {"mode": "disabled"},
-            "keep_weights": 1,
+            "keep_weights": 1, "update_epochs": update_epochs,
+            # the synthetic batches draw ids from every row of the padded vocabulary, as vLLM may sample them
+            "sampled_vocab": "model",
+            **({"loss": {"type": "grpo", "correction": {"old_logprobs": old_logprobs}}} if old_logprobs else {}),
         })
         train(config)
         lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -105,7 +116,12 @@ def run_preset(name: str, p: Preset, steps: int, micro_batches: int | None) -> d
         "tokens_per_step": micro * p.samples * (p.prompt_len + p.completion_len),
         "step_time_s": statistics.median(m["perf/step_time_s"] for m in timed),
         "tokens_per_s": statistics.median(m["perf/tokens_per_s"] for m in timed),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if old_logprobs:
+        result |= {"old_logprobs": old_logprobs, "update_epochs": update_epochs}
+    if torch.cuda.is_available():
+        result["peak_cuda_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     if all("perf/mfu" in m for m in timed):
         result["mfu"] = statistics.median(m["perf/mfu"] for m in timed)
     return result
@@ -118,12 +134,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="trainer steps per preset (the first is warm-up)")
     parser.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: preset's)")
     parser.add_argument("--row-lens", default=None, help="comma-separated row lengths in tokens, e.g. 256,1024,4096")
+    parser.add_argument("--old-logprobs", choices=["sampler", "trainer"], default=None,
+                        help="run with type grpo and [loss.correction] old_logprobs = this")
+    parser.add_argument("--update-epochs", type=int, default=1, help="optimizer steps per batch")
     args = parser.parse_args()
     presets = args.preset or (["0.5b"] if torch.cuda.is_available() else ["tiny", "50m"])
     for name in presets:
         preset = PRESETS[name]
         if not args.row_lens:
-            print(json.dumps(run_preset(name, preset, max(args.steps, 2), args.micro_batches)), flush=True)
+            print(json.dumps(run_preset(name, preset, max(args.steps, 2), args.micro_batches, args.old_logprobs,
+                                        args.update_epochs)), flush=True)
             continue
         sample_len = preset.prompt_len + preset.completion_len
         step_tokens = max(int(n) for n in args.row_lens.split(","))

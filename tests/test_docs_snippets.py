@@ -44,6 +44,7 @@ PAGES = [
     "examples/alphabet_sort/README.md", "examples/code/README.md", "examples/dataset/README.md",
     "examples/is_reshape_study/README.md",
     "examples/multi_turn/README.md", "examples/reasoning_gym/README.md", "examples/reverse_text/README.md",
+    "examples/rollout_correction_study/README.md",
     "examples/tool_use/README.md",
 ]
 BLOCK_KINDS = {

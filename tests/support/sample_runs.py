@@ -44,7 +44,7 @@ def samples_run(root: Path, steps: int, groups: int, per_group: int, tokens: int
                     if line["kept"]:
                         record = line["tokens"][0]
                         logprobs = [round(lp + rng.gauss(0, 0.05), 5) for lp in record["logprobs"]]
-                        outcomes = "".join(rng.choice("kkkkkkklhx") for _ in record["ids"])
+                        outcomes = "".join(rng.choice("kkkkkkklhxr") for _ in record["ids"])
                         f.write(json.dumps({"key": record["key"], "logprobs": logprobs, "outcomes": outcomes}) + "\n")
             mean = sum(line["reward"] for line in lines) / len(lines)
             metrics.write(json.dumps({"step": step, "source": "orchestrator", "reward/mean": mean}) + "\n")

@@ -19,7 +19,7 @@ module's docstring. Each process does what the config's plan says (`trainer_step
 orchestrator (`orchestrator/group_advantages.py`) computes its types and writes 0 with the rewards for the others;
 the trainer (`trainer/rl/step_advantages.py`) computes its types and recomputes a group type with `reward_kl`,
 with the reference model, the critic and its ranks.
-What a loss then does with A (`loss.adv_tau`, `teacher_tau`, `kl_tau`) is the loss's (`trainer/rl/losses.py`).
+What a loss then does with A (`loss.adv_tau`, `teacher_tau`, `kl_tau`) is the loss's (`trainer/rl/losses/`).
 """
 
 from prime_rl.advantages import group, token  # noqa: F401  (registers the built-in types' functions)

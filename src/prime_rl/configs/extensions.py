@@ -3,7 +3,7 @@
 The extension points and where each side is registered:
 
     registry                          config classes                 implementations
-    configs.loss.LOSSES               configs/loss.py                trainer/rl/losses.py
+    configs.loss.LOSSES               configs/loss.py                trainer/rl/losses/
     configs.advantage.ADVANTAGES      configs/advantage.py           advantages/ (group.py, token.py)
     inference.config.BACKENDS         inference/config.py            inference/backends.py
     envs.registry.ENVIRONMENTS        the Environment class is both (its keyword arguments are the TOML `args`)

@@ -9,12 +9,13 @@ Every variant has a `normalization` (with its own default), an optional KL-to-re
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_serializer, field_validator, model_validator
 
-from prime_rl.configs.base import BaseConfig
+from prime_rl.configs.base import NONE, BaseConfig
 from prime_rl.configs.extensions import Registry
 from prime_rl.utils.imports import import_callable
 
@@ -22,6 +23,173 @@ LOSSES: Registry[Any] = Registry("loss", implemented_in="prime_rl.trainer.rl.los
 
 Normalization = Literal["token", "sequence", "token_local", "constant"]
 KLType = Literal["k1", "k2", "k3", "low_var_kl"]
+
+
+RULES_K1 = ("token_k1", "seq_sum_k1", "seq_mean_k1")
+RejectionStatistic = Literal[
+    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3", "veto",
+]
+
+
+class RejectionRule(BaseConfig):
+    """One rejection rule of `[loss.correction]` on the behaviour ratio rho_t = exp(x_t - lq_t)
+    (docs/losses.md#rollout-correction). k1 rules bound a ratio: rho_t (`token_k1`), the sample's product
+    (`seq_sum_k1`) or geometric mean (`seq_mean_k1`, Geo-RS); k2 / k3 rules bound the statistic
+    k2 = (log rho)^2 / 2 or k3 = rho - 1 - log rho per token, or its sum, mean or max over the sample; `veto` rejects a
+    sample with any token ratio below `low` (or above `high`). A rejected token trains nothing but still counts in
+    the normalization's denominators."""
+
+    rule: RejectionStatistic
+    """The statistic and its level (token_*: a token; seq_*: the whole sample; veto: the whole sample)."""
+    low: float | None = Field(default=None, gt=0)
+    """k1 rules and veto: the lowest ratio kept (None: no lower bound). Not for k2 / k3 rules."""
+    high: float | None = Field(default=None, gt=0)
+    """k1 rules and veto: the highest ratio kept; k2 / k3 rules: the largest statistic kept (required)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RejectionRule:
+        bounded_ratio = self.rule in RULES_K1 or self.rule == "veto"
+        if not bounded_ratio and self.low is not None:
+            raise ValueError(f"rejection rule {self.rule} bounds a divergence from above only: set high, not low")
+        if not bounded_ratio and self.high is None:
+            raise ValueError(f"rejection rule {self.rule} needs high (the largest statistic kept)")
+        if bounded_ratio and self.low is None and self.high is None:
+            raise ValueError(f"rejection rule {self.rule} needs low, high or both")
+        if self.low is not None and self.high is not None and not self.low < self.high:
+            raise ValueError(f"rejection rule {self.rule}: low ({self.low}) must be smaller than high ({self.high})")
+        return self
+
+
+OldLogprobs = Literal["sampler", "trainer", "current"]
+ISWeight = Literal["none", "token", "sequence"]
+
+
+def _verl_k1(low: float, high: float) -> dict[str, float]:
+    """verl's k1 threshold "l_u" bounds k1 = -log rho, i.e. the ratio to [1/u, 1/l]: as ratio bounds."""
+    return {"low": 1 / high, "high": 1 / low}
+
+
+_GEO = {"rule": "seq_mean_k1", **_verl_k1(0.999, 1.001)}
+_K3 = {"rule": "seq_mean_k3", "high": 0.01}
+_TOKEN_TIS = {"weight": "token", "weight_cap": 2.0}
+_SEQ_TIS = {"weight": "sequence", "weight_cap": 2.0}
+_ICEPOP = {"weight": "token", "weight_bounds": (0.5, 5.0)}
+CORRECTION_PRESETS: dict[str, dict[str, Any]] = {
+    # verl's RolloutCorrectionConfig presets (verl/trainer/config/algorithm.py), by name.
+    "decoupled_token_is": {"old_logprobs": "trainer", **_TOKEN_TIS},
+    "decoupled_seq_is": {"old_logprobs": "trainer", **_SEQ_TIS},
+    "decoupled_token_icepop": {"old_logprobs": "trainer", **_ICEPOP},
+    "decoupled_seq_is_rs": {"old_logprobs": "trainer", **_SEQ_TIS,
+                            "reject": [{"rule": "seq_sum_k1", **_verl_k1(0.5, 2.0)}]},
+    "decoupled_geo_rs": {"old_logprobs": "trainer", "reject": [_GEO]},
+    "decoupled_geo_rs_seq_tis": {"old_logprobs": "trainer", **_SEQ_TIS, "reject": [_GEO]},
+    "decoupled_geo_rs_token_tis": {"old_logprobs": "trainer", **_TOKEN_TIS, "reject": [_GEO]},
+    "decoupled_k3_rs": {"old_logprobs": "trainer", "reject": [_K3]},
+    "decoupled_k3_rs_seq_tis": {"old_logprobs": "trainer", **_SEQ_TIS, "reject": [_K3]},
+    "decoupled_k3_rs_token_tis": {"old_logprobs": "trainer", **_TOKEN_TIS, "reject": [_K3]},
+    "bypass_ppo_clip": {"old_logprobs": "sampler"},
+    "bypass_ppo_clip_geo_rs": {"old_logprobs": "sampler", "reject": [_GEO]},
+    "bypass_ppo_clip_k3_rs": {"old_logprobs": "sampler", "reject": [_K3]},
+    "bypass_pg_is": {"old_logprobs": "current", **_SEQ_TIS},
+    "bypass_pg_token_icepop": {"old_logprobs": "current", **_ICEPOP},
+    "bypass_pg_geo_rs": {"old_logprobs": "current", "reject": [_GEO]},
+    "bypass_pg_geo_rs_seq_tis": {"old_logprobs": "current", **_SEQ_TIS, "reject": [_GEO]},
+    "bypass_pg_geo_rs_token_tis": {"old_logprobs": "current", **_TOKEN_TIS, "reject": [_GEO]},
+    # The other peers' named settings (docs/losses.md#presets: each one's convention).
+    "openrlhf_tis": {"old_logprobs": "trainer", "weight": "token", "weight_floor": 0.5, "weight_cap": 5.0},
+    "openrlhf_icepop": {"old_logprobs": "trainer", **_ICEPOP},
+    "openrlhf_seq_mask_tis": {"old_logprobs": "trainer", "weight": "token", "weight_cap": math.inf,
+                              "reject": [{"rule": "seq_mean_k1", "low": 0.5, "high": 5.0}]},
+    "slime_tis": {"old_logprobs": "trainer", "weight": "token", "weight_floor": 0.0, "weight_cap": 2.0},
+    "slime_icepop": {"old_logprobs": "trainer", "weight": "token", "weight_bounds": (0.0, 2.0)},
+    "areal_decoupled": {"old_logprobs": "trainer", "weight": "token", "weight_cap": math.inf,
+                        "reject": [{"rule": "token_k1", "high": 5.0}]},
+}
+"""The named settings of `[loss.correction] preset`: verl's by their own names, the others prefixed by the peer."""
+
+
+class CorrectionConfig(BaseConfig):
+    """`[loss.correction]`: rollout correction, a stage every loss type accepts
+    (docs/losses.md#rollout-correction). The surrogate's ratio is taken against `old_logprobs` (x); the behaviour
+    ratio rho_t = exp(x_t - lq_t) to the sampler drives an importance weight and rejection rules. The default
+    (sampler, no weight, no rule) is no correction: the loss as its type defines it."""
+
+    preset: Literal[tuple(CORRECTION_PRESETS)] | None = None  # type: ignore[valid-type]
+    """A peer's named setting (docs/losses.md#presets); keys set next to it override the preset's."""
+    old_logprobs: OldLogprobs = "sampler"
+    """pi_old of the surrogate: sampler (lq: two policies, verl's bypass mode), trainer (a no-grad forward of the
+    batch before its first update: decoupled PPO's three policies) or current (sg(lp) of each pass: the weight
+    carries the whole correction, as AReaL's reuse_train_logp and slime without an old forward)."""
+    weight: ISWeight = "none"
+    """The behaviour importance weight multiplying every token's loss: per token, or the sample's product."""
+    weight_cap: float = Field(default=2.0, gt=0, allow_inf_nan=True)
+    """C of truncated IS (TIS): w = min(rho, C); inf (or "none"): not truncated."""
+    weight_floor: float = Field(default=0.0, ge=0)
+    """The lower clamp of a two-sided TIS (OpenRLHF): w = clamp(rho, floor, C)."""
+    weight_bounds: tuple[float, float] | None = None
+    """IcePop [l, u]: w = rho where l <= rho <= u, else 0 (replaces the cap and floor)."""
+    weight_batch_normalize: bool = False
+    """Divide the weights by their mean over the step (tokens, or samples for `sequence`; all ranks)."""
+    reject: list[RejectionRule] = Field(default_factory=list)
+    """Rejection rules, `[[loss.correction.reject]]` tables of `rule` (token_k1|k2|k3, seq_sum_k1|k2|k3,
+    seq_mean_k1|k2|k3, seq_max_k2|k3, veto), `low` and `high` (docs/losses.md#rollout-correction); all applied (a token
+    survives only if every rule keeps it), each on the tokens as they came (not on what an earlier rule left)."""
+
+    @field_validator("weight_cap", mode="before")
+    @classmethod
+    def _no_cap(cls, value: Any) -> Any:
+        if value == NONE:
+            return math.inf
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError("weight_cap must be a number > 0 or inf, not nan")
+        return value
+
+    @field_serializer("weight_cap")
+    def _cap_text(self, value: float) -> float | str:
+        """No cap written as "none": TOML has no inf in JSON dumps, and `rl` hands configs on as TOML."""
+        return NONE if math.isinf(value) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            name = data["preset"]
+            if name not in CORRECTION_PRESETS:
+                raise ValueError(f"unknown correction preset {name!r}; known: {', '.join(CORRECTION_PRESETS)}")
+            return {**CORRECTION_PRESETS[name], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CorrectionConfig:
+        if self.weight_bounds is not None:
+            low, high = self.weight_bounds
+            if not 0 <= low < high:
+                raise ValueError(f"weight_bounds [l, u] needs 0 <= l < u, got [{low}, {high}]")
+        if self.weight_floor >= self.weight_cap:
+            raise ValueError(f"weight_floor ({self.weight_floor}) must be smaller than weight_cap ({self.weight_cap})")
+        unused: list[str] = []
+        if self.weight == "none":
+            unused = ["weight_cap", "weight_floor", "weight_bounds", "weight_batch_normalize"]
+        elif self.weight_bounds is not None:
+            unused = ["weight_cap", "weight_floor"]
+        unused = [k for k in unused if getattr(self, k) != type(self).model_fields[k].default]
+        if unused:
+            reason = "weight = 'none'" if self.weight == "none" else "weight_bounds (IcePop) replaces the cap and floor"
+            raise ValueError(f"{', '.join(unused)} would do nothing: {reason}")
+        names = [rule.rule for rule in self.reject]
+        if len(set(names)) < len(names):
+            raise ValueError(f"a rejection rule is listed twice ({', '.join(names)}): give each statistic one rule")
+        if self.weight != "none" and self.old_logprobs == "sampler":
+            raise ValueError("an importance weight with old_logprobs = 'sampler' would weight the ratio to the "
+                             "sampler by itself; use old_logprobs = 'trainer' (decoupled) or 'current'")
+        return self
+
+    @property
+    def active(self) -> bool:
+        """Whether the stage runs (and logs its `correction/` metrics): a preset is named or a key differs from the
+        default."""
+        return self.preset is not None or self.old_logprobs != "sampler" or self.weight != "none" or bool(self.reject)
 
 
 class _LossCommon(BaseConfig):
@@ -37,6 +205,21 @@ class _LossCommon(BaseConfig):
 
     needs_log_ratio_moments: ClassVar[bool] = False
     """True for a variant whose loss depends on a statistic of the whole step (`LossScale.log_ratio_moments`)."""
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    """Rollout correction (`[loss.correction]`): the old policy of the surrogate, a behaviour importance weight,
+    rejection rules (docs/losses.md#rollout-correction)."""
+
+    @model_validator(mode="after")
+    def _correction_fits_type(self) -> Any:
+        preset, kind = self.correction.preset, getattr(self, "type", None)
+        if preset is not None and preset.startswith("bypass_pg") and kind != "vanilla":
+            raise ValueError(f"correction preset {preset} is verl's REINFORCE with the weight: use type = 'vanilla'"
+                             f" (not {kind!r})")
+        ppo_clip_types = [name for name, cls in LOSSES.configs.items() if issubclass(cls, PPOClipConfig)]
+        if preset is not None and preset.startswith("bypass_ppo_clip") and kind not in ppo_clip_types:
+            raise ValueError(f"correction preset {preset} is verl's PPO clip on the ratio to the sampler: use type = "
+                             f"one of {', '.join(ppo_clip_types)} (not {kind!r})")
+        return self
 
 
 def _check_low_high(config: BaseConfig, *pairs: tuple[str, str]) -> None:

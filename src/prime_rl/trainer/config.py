@@ -193,7 +193,8 @@ class TrainerConfig(TrainingConfig):
     critic: CriticConfig | None = None
     """The critic of advantage type "gae" (none there: the defaults); only "gae" uses one."""
     update_epochs: Annotated[int, Field(ge=1)] = 1
-    """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs)."""
+    """Optimizer steps per rollout batch (each a full pass; the ratio stays against the inference logprobs, or
+    against the policy before the first pass under `[loss.correction] old_logprobs = "trainer"`)."""
     batch_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     """How long to wait for a rollout batch rollouts/step_N/ before giving up."""
     max_async_level: AsyncLevel = ASYNC_LEVEL_DEFAULT
@@ -211,6 +212,10 @@ class TrainerConfig(TrainingConfig):
         return (self.critic or CriticConfig()) if self.advantage.uses_critic else None
 
     def check_consistency(self, prefix: str = "") -> None:
+        if self.loss.correction.old_logprobs == "current" and self.update_epochs > 1:
+            raise ValueError(f"{prefix}loss.correction.old_logprobs = 'current' takes each pass's own policy as "
+                             f"pi_old, so with update_epochs = {self.update_epochs} nothing bounds the later passes: "
+                             "use old_logprobs = 'trainer' (decoupled PPO)")
         if self.weight_transfer.mode == "distributed" and self.lora is not None and not self.lora.merge:
             raise ValueError(f"{prefix}weight_transfer.mode = 'distributed' sends full weights: with lora set "
                              "lora.merge = true (or use the filesystem)")

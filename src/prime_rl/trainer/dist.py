@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from prime_rl.utils.metric_pairs import combine, is_max_key
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -53,16 +55,24 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 def all_reduce_pairs(pairs: list[dict[str, torch.Tensor]], device: torch.device,
                      sums: list[float] = ()) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """Collective, one all-reduce: the `[sum, count]` metric pairs of this rank's micro-batches (the same keys on
-    every rank) summed over them and over every rank, and the scalars `sums` summed over ranks."""
+    """Collective: the metric pairs of this rank's micro-batches (the same keys on every rank) combined over them
+    and over every rank (`utils.metric_pairs`: `[sum, count]` summed, a `_max` key's value maxed, a second
+    all-reduce only when there is one), and the scalars `sums` summed over ranks."""
     totals: dict[str, torch.Tensor] = {}
     for metrics in pairs:
         for key, pair in metrics.items():
             pair = pair.detach().to("cpu", torch.float64)
-            totals[key] = totals[key] + pair if key in totals else pair
+            totals[key] = combine(key, totals[key], pair) if key in totals else pair
     keys = sorted(totals)
-    reduced = all_reduce_sum([*sums, *[x for k in keys for x in totals[k].tolist()]], device)
+    flat = [x for k in keys for x in ([0.0, float(totals[k][1])] if is_max_key(k) else totals[k].tolist())]
+    reduced = all_reduce_sum([*sums, *flat], device)
     pairs_out = {k: torch.tensor(reduced[len(sums) + 2 * i: len(sums) + 2 * i + 2]) for i, k in enumerate(keys)}
+    max_keys = [k for k in keys if is_max_key(k)]
+    if max_keys:
+        top = torch.tensor([float(totals[k][0]) for k in max_keys], dtype=torch.float64, device=device)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        for k, v in zip(max_keys, top.tolist(), strict=True):
+            pairs_out[k][0] = v
     return pairs_out, reduced[:len(sums)]
 
 

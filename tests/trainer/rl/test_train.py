@@ -249,6 +249,11 @@ TWO_RANK_CASES = {  # id: (loss normalization, lora, advantage, critic)
     "lora": ("token", {"rank": 4, "modules_to_save": ["norm"]}, None, None),
     "gae_critic": ("token", None, {"type": "gae", "lam": 0.9}, None),
     "gae_value_head": ("token", None, {"type": "gae", "lam": 0.9}, HEAD),
+    "decoupled_correction": ("token", None, None, None),
+}
+CORRECTION_CASES = {  # a case's [loss.correction]: the old-policy forward, the step's mean weight and a max metric
+    "decoupled_correction": {"old_logprobs": "trainer", "weight": "token", "weight_batch_normalize": True,
+                             "reject": [{"rule": "token_k1", "low": 0.05, "high": 20.0}]},
 }
 MICRO = {"micro_batches": 4, "completion_len": 9}
 
@@ -258,8 +263,10 @@ def case_config(model_dir: Path, out: Path, case: str) -> TrainerConfig:
     extra = {"advantage": advantage} if advantage else {}
     if critic is not None:
         extra |= {"critic": critic, "ckpt": {"interval": 1}}
-    return config(model_dir, out, max_steps=1, loss={"type": "default", "normalization": normalization}, lora=lora,
-                  **extra)
+    loss = {"type": "default", "normalization": normalization}
+    if case in CORRECTION_CASES:
+        loss = {"type": "grpo", "normalization": normalization, "correction": CORRECTION_CASES[case]}
+    return config(model_dir, out, max_steps=1, loss=loss, lora=lora, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +312,10 @@ def test_torchrun_two_ranks_match_one_process(tiny_model_dir, tmp_path, two_rank
     assert m2["loss/total"] == pytest.approx(m1["loss/total"], abs=1e-5)
     assert m2["optim/grad_norm"] == pytest.approx(m1["optim/grad_norm"], rel=1e-5)
     for key in ("value/loss", "value/mean", "value/explained_variance", "value/grad_norm") if advantage else ():
+        assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+    correction_keys = [key for key in m1 if key.startswith("correction/")]
+    assert bool(correction_keys) == (case in CORRECTION_CASES)
+    for key in correction_keys:  # means, the step's weight mean (batch_norm_factor) and a max over both ranks
         assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
     if critic is not None:
         head_one, head_two = critic_state(one, 1), critic_state(two, 1)

@@ -28,16 +28,15 @@ from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.trainer.critic import Critic, SeparateCritic, ValueTargets
 from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum, destroy
-from prime_rl.trainer.model import compute_logprobs, compute_logprobs_and_hidden, load_model, prepare_model
-from prime_rl.trainer.rl.losses import (
-    Loss,
-    LossInputs,
-    LossScale,
-    build_loss,
-    log_ratio_moments,
-    reduce_metrics,
-    scale_counts,
+from prime_rl.trainer.model import (
+    compute_logprobs,
+    compute_logprobs_and_hidden,
+    compute_rows_logprobs,
+    load_model,
+    prepare_model,
 )
+from prime_rl.trainer.rl.losses import Loss, LossInputs, LossScale, build_loss, reduce_metrics, scale_counts
+from prime_rl.trainer.rl.losses.build import STEP_STATISTICS
 from prime_rl.trainer.rl.rollout_batches import wait_for_batch
 from prime_rl.trainer.rl.step_advantages import step_advantages
 from prime_rl.trainer.rl.token_outcomes import micro_batch_outcomes, write_outcomes
@@ -63,7 +62,7 @@ def step_scale(batch: RankBatch, device: torch.device) -> LossScale:
 
 
 def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
-                ref_logprobs: torch.Tensor | None) -> LossInputs:
+                ref_logprobs: torch.Tensor | None, old_logprobs: torch.Tensor | None = None) -> LossInputs:
     """The loss library's view of one micro-batch (batch tensors moved to the logprobs' device)."""
     def to(t):
         return t.to(logprobs.device) if t is not None else None
@@ -77,19 +76,31 @@ def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
         ref_logprobs=ref_logprobs if ref_logprobs is not None else to(mb.ref_logprobs),
         teacher_logprobs=to(mb.teacher_logprobs),
         entropies=entropies,
+        old_logprobs=old_logprobs,
     )
+
+
+def old_policy_logprobs(session: TrainSession, batch: RankBatch, rule: SamplingRule) -> list[torch.Tensor]:
+    """lo of every micro-batch: the policy's logprobs before the step's first update, from a no-grad forward
+    without entropies (`[loss.correction] old_logprobs = "trainer"` with `update_epochs > 1`, decoupled PPO's
+    pi_old; its cost: docs/benchmarks.md#the-old-policy-forward). With one epoch the first pass's own logprobs are
+    lo (`train_on_batch`: sg(lp), the same weights), so no forward is spent."""
+    with torch.no_grad():
+        return [compute_rows_logprobs(session.model, [(mb.input_ids, mb.position_ids, mb.sample_lens)], rule,
+                                      entropies=False)[0][0] for mb in batch.micro_batches]
 
 
 def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale: LossScale,
                    ref_model: torch.nn.Module | None = None, match_truncation: bool = True,
-                   targets: ValueTargets | None = None, outcomes: list[dict] | None = None
-                   ) -> tuple[float, dict[str, float]]:
+                   targets: ValueTargets | None = None, outcomes: list[dict] | None = None,
+                   old_logprobs: list[torch.Tensor] | None = None) -> tuple[float, dict[str, float]]:
     """Forward/backward every micro-batch of this rank; returns the global step loss that was backpropagated and
     the metrics (`loss/total`: the policy's loss).
 
-    A loss that needs a statistic of the whole step (`loss_fn.needs_log_ratio_moments`: is_reshape's
-    variance of log r) first gets it from a no-grad forward of every micro-batch, all-reduced over
-    ranks, so its update does not depend on how the step is split into micro-batches or ranks.
+    A loss that needs a statistic of the whole step (`loss_fn.needs_step_pass`: is_reshape's variance of log r, the
+    correction's mean weight) first gets it from a no-grad forward of every micro-batch, all-reduced over
+    ranks, so its update does not depend on how the step is split into micro-batches or ranks. `old_logprobs`: lo of
+    each micro-batch (`old_policy_logprobs`), for a correction against the trainer's old policy.
     Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
     Tokens are scored under the batch's sampling rule (temperature, and its truncation when
     `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
@@ -98,13 +109,17 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     Given `outcomes`, the records of the micro-batches' recorded samples are appended to it (`token_outcomes.py`).
     """
     rule = scoring_rule(batch, match_truncation, session.sampled_vocab)
-    if loss_fn.needs_log_ratio_moments:
-        moments = torch.zeros(3, dtype=torch.float64)
+    old = old_logprobs if old_logprobs is not None else [None] * len(batch.micro_batches)
+    if loss_fn.needs_step_pass:
+        sums = torch.zeros(STEP_STATISTICS, dtype=torch.float64)
         with torch.no_grad():
-            for mb in batch.micro_batches:
-                lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
-                moments += log_ratio_moments(loss_inputs(mb, lp, None, None))
-        scale = scale.with_log_ratio_moments(all_reduce_sum(moments.tolist(), session.dist.device))
+            for mb, lo in zip(batch.micro_batches, old, strict=True):
+                if lo is not None and not loss_fn.needs_log_ratio_moments:
+                    lp = lo  # the weights' mean reads lo and lq only: no forward
+                else:
+                    lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
+                sums += loss_fn.step_statistics(loss_inputs(mb, lp, None, None, lp if lo is None else lo))
+        scale = loss_fn.with_step_statistics(scale, all_reduce_sum(sums.tolist(), session.dist.device))
     head = session.critic if session.critic is not None and session.critic.joint else None
     loss_sum, policy_sum = 0.0, 0.0
     pairs: list[dict[str, torch.Tensor]] = []
@@ -119,7 +134,8 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
             lp, ent, hidden = compute_logprobs_and_hidden(session.model, mb.input_ids, mb.position_ids,
                                                           mb.sample_lens, rule)
         record = outcomes is not None and mb.sample_keys is not None
-        out = loss_fn(loss_inputs(mb, lp, ent, ref), scale, outcomes=record)
+        lo = old[i] if old[i] is not None or not loss_fn.needs_old_logprobs else lp.detach()
+        out = loss_fn(loss_inputs(mb, lp, ent, ref, lo), scale, outcomes=record)
         if record:
             outcomes += micro_batch_outcomes(mb, lp, out.outcomes)
         loss = out.loss
@@ -170,9 +186,13 @@ def train(config: TrainerConfig) -> None:
             rule = scoring_rule(batch, config.match_truncation, session.sampled_vocab)
             batch, targets, advantage_metrics = step_advantages(session, batch, config.advantage, ref_model, rule)
             recorded = [] if any(mb.sample_keys is not None for mb in batch.micro_batches) else None
+            old = None
+            if loss_fn.needs_old_logprobs and config.update_epochs > 1:
+                old = old_policy_logprobs(session, batch, rule)
             for epoch in range(config.update_epochs):
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
-                                                     config.match_truncation, targets, recorded if epoch == 0 else None)
+                                                     config.match_truncation, targets, recorded if epoch == 0 else None,
+                                                     old)
                 grad_norm = session.optimizer_step(step, total_loss)
                 if session.critic is not None:
                     critic_metrics = session.critic.train_epoch(batch.micro_batches, targets, step, total_loss)

@@ -9,7 +9,8 @@ const state = {step: meta.steps[0], group: null, env: "", rmin: "", rmax: "", er
                colour: "text", query: ""};
 const COLOURS = {text: "text", logprob: "sampler logprob", ratio: "ratio trainer/sampler",
                  advantage: "advantage", outcome: "loss outcome"};
-const OUTCOMES = {"-": "not trained", k: "kept", l: "low bound", h: "high bound", x: "non-finite ratio"};
+const OUTCOMES = {"-": "not trained", k: "kept", l: "low bound", h: "high bound", x: "non-finite ratio",
+                  r: "rejected by a correction rule"};
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -188,6 +189,7 @@ function mix(rgb, t) {
 }
 
 const NONFINITE = "rgba(120,120,120,0.85)", NOT_TRAINED = "rgba(110,140,170,0.35)", CUT = "rgba(250,220,120,0.6)";
+const REJECTED = "rgba(200,40,40,0.55)";
 const RED = [220, 40, 40], BLUE = [40, 90, 220], GREEN = [30, 150, 60], ORANGE = [235, 140, 0], PURPLE = [140, 50, 190];
 
 function logRatio(tokens, i) {
@@ -215,7 +217,8 @@ function tokenColour(mode, tokens, i, advantage) {
   if (mode === "outcome") {
     if (tokens.outcomes === undefined) return null;
     if (i >= tokens.outcomes.length) return CUT;  // cut to seq_len by the orchestrator: never in the batch
-    return {"-": NOT_TRAINED, l: mix(ORANGE, 1), h: mix(PURPLE, 1), x: NONFINITE}[tokens.outcomes[i]] || null;
+    return {"-": NOT_TRAINED, l: mix(ORANGE, 1), h: mix(PURPLE, 1), x: NONFINITE, r: REJECTED}[tokens.outcomes[i]] ||
+      null;
   }
   return null;
 }
@@ -310,7 +313,7 @@ function legend() {
     ratio: [["r < 1", mix(RED, 1)], ["r = 1", null], ["r > 1", mix(BLUE, 1)], ["(|log r| ≥ 0.5 full colour)", null]],
     advantage: [["A < 0", mix(RED, 1)], ["A > 0", mix(GREEN, 1)], ["(|A| ≥ 2 full colour)", null]],
     outcome: [["kept", null], ["low bound", mix(ORANGE, 1)], ["high bound", mix(PURPLE, 1)], ["non-finite", NONFINITE],
-              ["not trained", NOT_TRAINED], ["cut to seq_len", CUT]],
+              ["rejected (correction)", REJECTED], ["not trained", NOT_TRAINED], ["cut to seq_len", CUT]],
   }[state.colour];
   const box = el("div", {class: "legend"}, el("span", {text: COLOURS[state.colour] + ":"}));
   for (const [text, colour] of items) {
