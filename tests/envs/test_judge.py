@@ -126,3 +126,15 @@ def test_scores_read_out_of_n_and_ignore_versions():
     options = JudgeOptions.parse({"base_url": "http://x/v1", "model": "m", "template": "t", "score_range": [1, 5]},
                                  "e")
     assert read_score("<think>5</think> 3", options) == 0.5
+
+
+def test_a_judge_that_thinks_is_read_after_its_reasoning_only():
+    # The judge's reply splits as a completion does (chat.reasoning): a block its template opened and the reply
+    # closed, or one it never closed (the budget ran out while thinking: no score, whatever numbers it mused on).
+    options = JudgeOptions.parse({"base_url": "http://x/v1", "model": "m", "template": "t", "score_range": [1, 5]},
+                                 "e")
+    assert read_score("maybe 2, maybe 4</think>\nScore: 3", options) == 0.5
+    with pytest.raises(JudgeFailed, match="holds no number"):  # the 4 is a thought, not the answer
+        read_score("maybe 2, maybe 4</think>\nLooks right.", options)
+    with pytest.raises(JudgeFailed, match="holds no number"):
+        read_score("<think>it deserves a 4, or a 5", options)

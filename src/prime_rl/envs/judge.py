@@ -7,7 +7,7 @@
 
 The template is filled from the example: `{completion}` (the completion's answer part), `{prompt}` (the text of the
 prompt's last user message), `{answer}` (the reference) and every column of the row by name; a field the rows lack
-is one line at config time. The judge's reply (its `<think>` block removed) is read as
+is one line at config time. The judge's reply (its answer after a `<think>` block, `chat.reasoning`) is read as
 
 - a number (default): the last number in the reply ("8/10" reads 8), which must lie in `score_range` [lo, hi];
   the reward is (x - lo) / (hi - lo), in [0, 1];
@@ -32,12 +32,12 @@ from typing import Any
 
 import httpx
 
+from prime_rl.chat.reasoning import split_reasoning
 from prime_rl.envs.environment import Reward
 from prime_rl.envs.rewards import typed_options
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.loop_limit import LoopLimit
 
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _SCORE = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)(?:\s*/\s*\d+(?:\.\d+)?)?")
 
 
@@ -105,7 +105,7 @@ def template_fields(template: str, env_id: str = "judge") -> list[str]:
 
 def read_score(reply: str, options: JudgeOptions) -> float:
     """The reply's score (module docstring) in [0, 1] for a number, or the label's value; JudgeFailed otherwise."""
-    text = _THINK.sub("", reply)
+    text = split_reasoning(reply).answer
     if options.labels:
         found = [(m.start(), label) for label in options.labels
                  for m in re.finditer(rf"(?<!\w){re.escape(label)}(?!\w)", text, re.IGNORECASE)]
@@ -161,7 +161,7 @@ class Judge:
     async def __call__(self, completion: str, answer: str = "", **row: Any) -> Reward:
         reply = await self._ask(self.prompt(completion, answer, row))
         score = read_score(reply, self.options)
-        raw = last_score(_THINK.sub("", reply)) if not self.options.labels else score
+        raw = last_score(split_reasoning(reply).answer) if not self.options.labels else score
         return Reward(score, {"score": float(raw if raw is not None else score)})
 
     async def _ask(self, messages: list[dict[str, str]]) -> str:

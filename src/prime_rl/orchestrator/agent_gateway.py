@@ -11,7 +11,7 @@ none: 401). The agent calls `chat/completions` as it would any OpenAI-compatible
    sampling rule and `max_tokens` (the run's; a request's sampling fields do not change them: the trainer scores
    the reply under the rule the batch records; a request's `max_tokens` may only lower the limit);
 3. answers with the reply split as the template writes it: reasoning first (`reasoning_content`, also as
-   `reasoning`; `orchestrator/reasoning.py`), then tool calls in the rest (`chat.tool_calls`; each with an id of
+   `reasoning`; `chat/reasoning.py`), then tool calls in the rest (`chat.tool_calls`; each with an id of
    its own, `call_<hex>`: SDKs refuse an id a session already used); `stream = true` gets
    the same answer as server-sent events (role, reasoning, content, tool calls with their `index`, the finish, then
    `[DONE]`), generated whole first;
@@ -40,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import model_validator
 
+from prime_rl.chat.reasoning import split_reasoning
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.api import HTTPError, chat_message, json_app, parse
@@ -49,7 +50,6 @@ from prime_rl.orchestrator.agent_stitching import SessionStitcher
 from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion
 from prime_rl.orchestrator.config import ReasoningConfig
 from prime_rl.orchestrator.conversation import TURN_SEED_STRIDE
-from prime_rl.orchestrator.reasoning import split_reasoning
 
 
 def text_parts_joined(message: Any) -> Any:

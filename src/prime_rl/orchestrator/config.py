@@ -103,7 +103,7 @@ MIN_TRAIN_TEMPERATURE = 1e-3
 
 
 class ReasoningConfig(BaseConfig):
-    """Reasoning blocks in completions (`orchestrator/reasoning.py`): a completion splits at `end_tag` into
+    """Reasoning blocks in completions (`chat/reasoning.py`): a completion splits at `end_tag` into
     reasoning and answer; the environment scores the answer, and rollout/reasoning_chars_mean and
     rollout/unfinished_reasoning_frac are logged. A completion without the tags is all answer."""
 

@@ -31,6 +31,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 
+from prime_rl.chat.reasoning import split_reasoning
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.envs.environment import EnvReply, Rollout
 from prime_rl.models.sampling_rule import SamplingRule
@@ -38,7 +39,6 @@ from prime_rl.orchestrator.client import ChatResult, InferenceClient, RolloutCom
 from prime_rl.orchestrator.config import ReasoningConfig
 from prime_rl.orchestrator.draws import Draw
 from prime_rl.orchestrator.env_calls import call_env, report_failure
-from prime_rl.orchestrator.reasoning import split_reasoning
 from prime_rl.utils.errors import UserError
 
 TURN_SEED_STRIDE = 1_000_003  # turn t of a rollout seeded s samples with s + t * stride
@@ -56,7 +56,7 @@ class TurnStats:
     env_calls: int = 0  # `respond` calls
     env_s: float = 0.0  # seconds spent in them
     context_truncated: bool = False  # ended because the next turn would not fit seq_len
-    reasoning_chars: int = 0  # characters of reasoning (`orchestrator/reasoning.py`) over its turns
+    reasoning_chars: int = 0  # characters of reasoning (`chat/reasoning.py`) over its turns
     unfinished_reasoning: bool = False  # its last turn opened a reasoning block and never closed it
     segments: int = 1  # training samples (an agent session that forked has several: `agent_stitching.py`)
     forks: collections.Counter[str] = field(default_factory=collections.Counter)  # an agent session's, by reason
@@ -128,7 +128,7 @@ class ConversationRunner:
     def __init__(self, chat_tokens: ChatTokens, seq_len: int, reasoning: ReasoningConfig | None = None):
         self.chat_tokens = chat_tokens
         self.seq_len = seq_len
-        self.reasoning = reasoning  # the environment sees each turn's answer (`orchestrator/reasoning.py`)
+        self.reasoning = reasoning  # the environment sees each turn's answer (`chat/reasoning.py`)
 
     async def run_group(self, client: InferenceClient, draw: Draw, n: int, rule: SamplingRule,
                         max_tokens: int, seed: int | None

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from prime_rl.run_dir import metrics_file
-from prime_rl.viewer.collect import RunSamples, read_lines
+from prime_rl.run_report import MetricsTail
+from prime_rl.viewer.collect import RunSamples
 
 ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
 
@@ -55,12 +56,9 @@ def csp_hash(text: str) -> str:
 def reward_curve(run_dir: Path, run: RunSamples) -> list[list[float | None]]:
     """[step, mean reward] per step: the orchestrator's `reward/mean` from metrics.jsonl (every rollout of the
     step), else the mean of the step's written rollouts."""
-    logged: dict[int, float] = {}
-    metrics = metrics_file(run_dir)
-    if metrics.is_file():
-        for row in read_lines(metrics):
-            if row.get("source") == "orchestrator" and isinstance(row.get("reward/mean"), int | float):
-                logged[int(row["step"])] = float(row["reward/mean"])
+    tail = MetricsTail(metrics_file(run_dir))
+    tail.poll()
+    logged = tail.get("orchestrator", "reward/mean")
     curve = []
     for step, rows in sorted(run.steps.items()):
         rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
