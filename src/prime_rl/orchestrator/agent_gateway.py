@@ -47,9 +47,8 @@ from prime_rl.inference.api import HTTPError, chat_message, json_app, parse
 from prime_rl.inference.protocol import ChatRequest, Completion
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.agent_stitching import SessionStitcher
-from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion
+from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion, call_seed
 from prime_rl.orchestrator.config import ReasoningConfig
-from prime_rl.orchestrator.conversation import TURN_SEED_STRIDE
 
 
 def text_parts_joined(message: Any) -> Any:
@@ -166,7 +165,7 @@ class AgentGateway:
 
     def open_session(self, rule: SamplingRule, max_tokens: int, seed: int | None = None) -> Session:
         """A new session: its own id, key and base URL; its calls sample under `rule`, at most `max_tokens` each
-        (`seed`: the first call's sampling seed; call k uses seed + k * TURN_SEED_STRIDE, as a multi-turn
+        (`seed`: the first call's sampling seed; call k uses `client.call_seed(seed, k)`, as a multi-turn
         rollout's turns do, so no two rollouts of a group share a call's seed)."""
         session_id = uuid.uuid4().hex
         session = Session(session_id, f"sk-session-{secrets.token_urlsafe(24)}",
@@ -206,9 +205,9 @@ class AgentGateway:
                 session.stitcher.abandon_call()
                 raise HTTPError(400, f"the conversation ({len(prompt_ids)} tokens) fills the context ({self.seq_len})")
             limit = min(session.max_tokens, room, body.max_tokens or session.max_tokens)
-            seed = None if session.seed is None else (session.seed + session.calls * TURN_SEED_STRIDE) % (2**31 - 1)
             try:
-                result = await self.client.complete(prompt_ids, 1, session.rule, limit, seed)
+                result = await self.client.complete(prompt_ids, 1, session.rule, limit,
+                                                    call_seed(session.seed, session.calls))
             except BaseException:
                 session.stitcher.abandon_call()
                 raise

@@ -30,6 +30,14 @@ from prime_rl.utils.net import server_root  # noqa: F401 (also this module's: te
 
 SPARE_CONNECTIONS = 2
 CONNECT_ATTEMPT_S = 10.0  # one TCP connect; failed ones are retried until connect_timeout_s
+TURN_SEED_STRIDE = 1_000_003
+
+
+def call_seed(seed: int | None, call: int) -> int | None:
+    """The sampling seed of call `call` (0-based) of a rollout seeded `seed`: seed + call * TURN_SEED_STRIDE, modulo
+    2^31 - 1 (None: unseeded). Each turn of a multi-turn rollout and each model call of an agent's session draws
+    differently, and a resumed rollout draws the same again."""
+    return None if seed is None else (seed + call * TURN_SEED_STRIDE) % (2**31 - 1)
 
 
 class InferenceError(PrimeError):

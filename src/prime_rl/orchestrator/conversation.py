@@ -35,13 +35,11 @@ from prime_rl.chat.reasoning import split_reasoning
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.envs.environment import EnvReply, Rollout
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.orchestrator.client import ChatResult, InferenceClient, RolloutCompletion
+from prime_rl.orchestrator.client import ChatResult, InferenceClient, RolloutCompletion, call_seed
 from prime_rl.orchestrator.config import ReasoningConfig
 from prime_rl.orchestrator.draws import Draw
 from prime_rl.orchestrator.env_calls import call_env, report_failure
 from prime_rl.utils.errors import UserError
-
-TURN_SEED_STRIDE = 1_000_003  # turn t of a rollout seeded s samples with s + t * stride
 
 
 @dataclass
@@ -189,7 +187,6 @@ class ConversationRunner:
                 conv.finish_reason = "length"
                 break
             conv.add_reply(ids, reply.messages)
-            turn_seed = None if seed is None else (seed + conv.stats.turns * TURN_SEED_STRIDE) % (2**31 - 1)
-            (completion,) = (await client.complete(prompt_ids + conv.token_ids, 1, rule,
-                                                   min(max_tokens, room), turn_seed)).completions
+            (completion,) = (await client.complete(prompt_ids + conv.token_ids, 1, rule, min(max_tokens, room),
+                                                   call_seed(seed, conv.stats.turns))).completions
         return conv, Rollout(conv.messages, conv.finish_reason == "length", state)
