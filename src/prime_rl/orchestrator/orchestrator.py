@@ -97,11 +97,12 @@ def token_runners(config: OrchestratorConfig, source: ExampleSource, client: Inf
     when loaded, else read from the model's files)."""
     envs = source.envs.values()
     agents = any(isinstance(env, AgentEnvironment) for env in envs)
-    if not agents and not any(env.multi_turn for env in envs):
+    multi_turn = any(env.multi_turn and not isinstance(env, AgentEnvironment) for env in envs)
+    if not agents and not multi_turn:
         return None, None, local_tokenizer_vocab(config.model.path, config.model.trust_remote_code)
     model = config.model
     chat_tokens = ChatTokens.load(model.path, model.trust_remote_code, config.chat_template_kwargs)
-    conversations = ConversationRunner(chat_tokens, config.seq_len, config.reasoning)
+    conversations = ConversationRunner(chat_tokens, config.seq_len, config.reasoning) if multi_turn else None
     runner = AgentRunner(AgentGateway(client, chat_tokens, config.seq_len, model.name, config.reasoning)
                          ) if agents else None
     return conversations, runner, tokenizer_vocab(chat_tokens.tokenizer)
