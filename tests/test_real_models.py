@@ -55,6 +55,18 @@ def test_rl_runs_on_policy_with_real_tokenizers_and_templates(tmp_path, talkativ
     assert sum(row["rollout/tool_calls_mean"] for row in orchestrator.values()) > 0
 
 
+def test_the_decoupled_correction_recomputes_the_sampler_at_a_real_vocabulary(tmp_path, talkative_model):
+    """[loss.correction] old_logprobs = "trainer" over 2 epochs: the trainer's pi_old forward scores the sampled
+    vocabulary as the server sampled it (Qwen3's 267 padded rows left out), so on policy lo = lq."""
+    correction = ('[loss]\ntype = "dapo"\n[loss.correction]\npreset = "decoupled_token_is"\n'
+                  "[trainer]\nupdate_epochs = 2\n")
+    run = on_policy_run(tmp_path, SINGLE_TURN + correction, seq_len=256, max_tokens=12, model=str(talkative_model),
+                        max_steps=2, exact=False)
+    for step, row in run.rows("trainer").items():
+        assert abs(row["correction/kl"]) < 1e-6 and row["correction/k3_kl"] < 1e-9, step
+        assert abs(row["correction/is_weight"] - 1) < 1e-6, step
+
+
 async def four_call_agent(client, example):
     """An agent that owns its loop: four calls, each replaying the replies it got, with a user turn between."""
     messages = [dict(m) for m in example.prompt]
