@@ -46,13 +46,13 @@ from prime_rl.trainer.rl.losses.variants.aipo import default_loss, sapo_loss
 from prime_rl.trainer.rl.losses.variants.cispo import cispo_loss
 from prime_rl.trainer.rl.losses.variants.dppo import dppo_loss
 from prime_rl.trainer.rl.losses.variants.gspo import gspo_loss
-from prime_rl.trainer.rl.losses.variants.is_reshape import is_reshape_loss, log_ratio_moments
+from prime_rl.trainer.rl.losses.variants.is_reshape import is_reshape_loss
 from prime_rl.trainer.rl.losses.variants.ppo import fipo_loss, ppo_clip_loss, vanilla_loss
 
 __all__ = [
     "LOG_RATIO_BOUND", "TOKEN_OUTCOMES", "Loss", "LossInputs", "LossOutputs", "LossScale", "PolicyTerm", "TokenView",
     "broadcast_to_tokens", "build_loss", "cispo_loss", "compute_step_loss", "default_loss", "dppo_loss", "fipo_loss",
-    "gspo_loss", "is_reshape_loss", "kl_estimate", "log_ratio_moments", "normalize", "parse_loss_config",
+    "gspo_loss", "is_reshape_loss", "kl_estimate", "normalize", "parse_loss_config",
     "ppo_clip_loss", "reduce_metrics", "reverse_discounted_sum", "sample_index", "sapo_loss", "scalar_metric",
     "scale_counts", "segment_any", "segment_masked_mean", "segment_sum", "token_metric", "token_outcomes", "token_view",
     "vanilla_loss",

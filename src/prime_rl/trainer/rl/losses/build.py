@@ -34,7 +34,7 @@ def parse_loss_config(config: LossConfig | Mapping[str, Any]) -> LossConfig:
 
 
 STEP_STATISTICS = 5
-"""Length of `Loss.step_statistics`: `[sum log r, sum (log r)^2, count]` (`log_ratio_moments`), then
+"""Length of `Loss.step_statistics`: `[sum log r, sum (log r)^2, count]` (`log_ratio_moments_of`), then
 `[sum w, count]` (the correction's weights, `weight_statistics`)."""
 
 
@@ -74,7 +74,7 @@ class Loss:
             if self.needs_log_ratio_moments:
                 out[:3] = log_ratio_moments_of(correction.apply_to(full) if correction is not None else full).cpu()
             if self.normalizes_weights:
-                out[3:] = weight_statistics(self.correction, inputs, full).cpu()
+                out[3:] = weight_statistics(self.correction, correction, full.sample_lens).cpu()
         return out
 
     def with_step_statistics(self, scale: LossScale, sums: Tensor | Sequence[float]) -> LossScale:

@@ -161,15 +161,14 @@ def truncate(cfg: CorrectionConfig, raw: Tensor) -> tuple[Tensor, Tensor]:
     return raw.clamp(min=cfg.weight_floor, max=cfg.weight_cap), (raw < cfg.weight_floor) | (raw > cfg.weight_cap)
 
 
-def weight_statistics(cfg: CorrectionConfig, inputs: LossInputs, view: TokenView) -> Tensor:
-    """float64 `[sum of w, count]` over this micro-batch's valid tokens (`sequence`: over its samples), the
-    truncated weight before normalization: summed over the step (all ranks), its mean divides the weights under
-    `weight_batch_normalize`."""
-    b = behaviour(cfg, inputs, view)
-    w, _ = truncate(cfg, raw_weights(cfg, b, view.sample_lens))
+def weight_statistics(cfg: CorrectionConfig, unnormalized: Correction, lens: Tensor) -> Tensor:
+    """float64 `[sum of w, count]` over a micro-batch's valid tokens (`sequence`: over its samples) of the truncated
+    weight before normalization (`correct` without a scale): summed over the step (all ranks), its mean divides the
+    weights under `weight_batch_normalize`."""
+    w, valid = unnormalized.weight, unnormalized.valid
     if cfg.weight == "sequence":
-        return token_metric(segment_masked_mean(w, b.valid, view.sample_lens), segment_any(b.valid, view.sample_lens))
-    return token_metric(w, b.valid)
+        return token_metric(segment_masked_mean(w, valid, lens), segment_any(valid, lens))
+    return token_metric(w, valid)
 
 
 def correct(cfg: CorrectionConfig, inputs: LossInputs, view: TokenView, scale: LossScale | None) -> Correction:

@@ -65,7 +65,7 @@ class LossScale:
     """M of `token_local`: micro-batches of the step over all ranks with at least one trained
     token (padding micro-batches, which only even out the ranks' counts, do not count)."""
     log_ratio_moments: tuple[float, float, float] | None = None
-    """`[sum log r, sum (log r)^2, count]` over the step's trained tokens (`log_ratio_moments`
+    """`[sum log r, sum (log r)^2, count]` over the step's trained tokens (`contract.log_ratio_moments_of`
     summed over micro-batches and ranks); read by variants with `needs_log_ratio_moments`
     (is_reshape). None: such a variant takes its own call's tokens as the whole step."""
     is_weight_mean: float | None = None
@@ -82,7 +82,7 @@ class LossScale:
         )
 
     def with_log_ratio_moments(self, moments: Tensor | Sequence[float]) -> LossScale:
-        """This scale carrying the step's (all-reduced) sum of `log_ratio_moments`."""
+        """This scale carrying the step's (all-reduced) sum of `contract.log_ratio_moments_of`."""
         values = moments.tolist() if isinstance(moments, Tensor) else moments
         s1, s2, n = (float(x) for x in values)
         return dataclasses.replace(self, log_ratio_moments=(s1, s2, n))

@@ -5,21 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
 
 from prime_rl.configs.loss import LOSSES, IsReshapeLossConfig
-from prime_rl.trainer.rl.losses.contract import PolicyTerm, TokenView, log_ratio_moments_of, safe_div, token_view
-from prime_rl.trainer.rl.losses.inputs import LossInputs
+from prime_rl.trainer.rl.losses.contract import PolicyTerm, TokenView, log_ratio_moments_of, safe_div
 from prime_rl.trainer.rl.losses.loss_metrics import scalar_metric, token_metric
-
-
-def log_ratio_moments(inputs: LossInputs) -> Tensor:
-    """float64 `[sum log r, sum (log r)^2, count]` over one micro-batch's trained tokens, with
-    log r exactly as the loss sees it (clamped to +-LOG_RATIO_BOUND; tokens with an infinite
-    logprob left out); no gradient. Sum over the step's micro-batches, all-reduce across ranks,
-    then `LossScale.with_log_ratio_moments`."""
-    with torch.no_grad():
-        return log_ratio_moments_of(token_view(inputs)).cpu()
 
 
 def _log_ratio_variance(p: TokenView) -> float:
