@@ -59,8 +59,9 @@ def test_reinforce_plus_plus_baseline_whitens_the_centered_rewards_over_the_batc
     centered = torch.tensor([[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0], [0.75, -0.25, -0.25, -0.25]])
     # Batch mean of the centered values is 0; population std = sqrt(mean of squares).
     std = math.sqrt(float((centered**2).mean()))
-    close(reinforce_plus_plus_baseline(REWARDS), (centered / std).tolist())
-    got = reinforce_plus_plus_baseline(REWARDS)
+    close(reinforce_plus_plus_baseline(REWARDS), centered.tolist())  # the function centers; the framework whitens
+    got = compute_advantages(RppBaselineAdvantageConfig(), REWARDS)
+    close(got, (centered / std).tolist())
     assert abs(float(got.mean())) < 1e-6 and abs(float(got.std(correction=0)) - 1) < 1e-4
 
 
@@ -121,7 +122,8 @@ def test_compute_advantages_dispatch_and_global_normalisation():
     close(compute_advantages(DrGrpoAdvantageConfig(), REWARDS), dr_grpo(REWARDS).tolist())
     close(compute_advantages(RlooAdvantageConfig(), REWARDS), rloo(REWARDS).tolist())
     close(compute_advantages(GrpoAdvantageConfig(std_normalize=False), REWARDS), dr_grpo(REWARDS).tolist())
-    close(compute_advantages(RppBaselineAdvantageConfig(), REWARDS), reinforce_plus_plus_baseline(REWARDS).tolist())
+    close(compute_advantages(RppBaselineAdvantageConfig(), REWARDS),
+          whiten_samples(reinforce_plus_plus_baseline(REWARDS)).tolist())
     normalized = compute_advantages(GrpoAdvantageConfig(), REWARDS, normalize=True)
     close(normalized, whiten_samples(grpo(REWARDS)).tolist())
     assert abs(float(normalized.mean())) < 1e-6
@@ -150,3 +152,47 @@ def test_a_type_computed_in_the_trainer_has_no_advantages_from_group_rewards(con
     error rather than a silent zero."""
     with pytest.raises(ValueError, match=f"'{config.type}' is computed in the trainer"):
         compute_advantages(config, REWARDS)
+
+
+PARTIAL = torch.tensor([[True, True, True, False], [True] * 4, [False, True, False, True]])
+
+
+@pytest.mark.parametrize("config", [GrpoAdvantageConfig(), DrGrpoAdvantageConfig(), RlooAdvantageConfig()],
+                         ids=lambda c: c.type)
+def test_a_partial_group_is_a_group_of_the_rollouts_it_trains(config):
+    got = compute_advantages(config, REWARDS, trained=PARTIAL)
+    fn = config.function()
+    # Row 0 as a group of 3 (rloo: 3/2 times the centered reward), row 1 untouched, row 2 as a group of 2.
+    close(got[0, :3], fn(REWARDS[:1, :3])[0].tolist())
+    close(got[1], fn(REWARDS[1:2])[0].tolist())
+    close(got[2, PARTIAL[2]], fn(REWARDS[2:, PARTIAL[2]])[0].tolist())
+    assert got[~PARTIAL].eq(0).all()  # the excluded rollouts are exactly 0
+
+
+def test_whitening_runs_over_the_trained_rollouts_only():
+    centered = compute_advantages(DrGrpoAdvantageConfig(), REWARDS, trained=PARTIAL).double()
+    kept = centered[PARTIAL]
+    expected = ((centered - kept.mean()) / (kept.std(correction=0) + 1e-6)).masked_fill(~PARTIAL, 0)
+    expected[1] = 0  # the equal group stays exactly 0
+    for config, normalize in ((DrGrpoAdvantageConfig(), True), (RppBaselineAdvantageConfig(), False)):
+        got = compute_advantages(config, REWARDS, normalize, trained=PARTIAL)
+        close(got, expected.tolist())
+
+
+SHAPES: list[tuple[int, ...]] = []
+
+
+def recorded_double(rewards):
+    SHAPES.append(tuple(rewards.shape))
+    return rewards * 2
+
+
+def test_a_custom_function_sees_partial_groups_in_tables_of_their_size():
+    SHAPES.clear()
+    config = CustomAdvantageConfig(import_path=f"{__name__}:recorded_double")
+    got = compute_advantages(config, REWARDS, trained=PARTIAL)
+    assert sorted(SHAPES) == [(1, 2), (1, 3), (1, 4)]
+    assert torch.equal(got, (REWARDS * 2).masked_fill(~PARTIAL, 0))
+    # A group that trains nothing gets 0 and the function is not asked.
+    SHAPES.clear()
+    assert not compute_advantages(config, REWARDS, trained=torch.zeros_like(PARTIAL)).any() and SHAPES == []

@@ -18,7 +18,6 @@ from prime_rl.configs.advantage import (
     RppBaselineAdvantageConfig,
 )
 from prime_rl.trainer.rl.losses import kl_estimate
-from prime_rl.utils.errors import UserError
 from tests.advantages.test_token import LENS, MASK, REWARDS
 
 # (group, reward, KL sum) of 2 groups x 3 samples, in the order a rank would list them
@@ -88,10 +87,14 @@ def test_the_answer_does_not_depend_on_how_the_samples_are_split_over_ranks():
     assert kl_group_advantages([ROWS[:0]], config)[0].shape == (0,)
 
 
-def test_groups_of_different_sizes_are_refused_in_one_line():
-    with pytest.raises(UserError, match="groups have 2 to 3 samples") as caught:
-        kl_group_advantages([ROWS[1:]], GrpoAdvantageConfig(reward_kl=RewardKlConfig(estimator="k3")))
-    assert "\n" not in str(caught.value)
+def test_a_partial_group_is_a_group_of_its_own_size():
+    # Group 0 lost a rollout (a failure left out): its 2 samples, rewards minus 0.25 x KL = 0 and -0.5, are a group of
+    # 2 (mean -0.25, sample std 0.5 / sqrt(2)); group 1 is what it is alone.
+    config = GrpoAdvantageConfig(reward_kl=RewardKlConfig(estimator="k3", coef=0.25))
+    (got,) = kl_group_advantages([ROWS[1:]], config)
+    s = 0.25 / (0.5 / math.sqrt(2) + 1e-6)
+    assert torch.allclose(got[:2], torch.tensor([s, -s], dtype=torch.float64))
+    assert torch.equal(got[2:], kl_group_advantages([ROWS[3:]], config)[0])
 
 
 def test_sample_table_keeps_the_segments_that_are_samples():

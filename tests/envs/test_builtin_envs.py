@@ -117,3 +117,9 @@ def test_environment_class_by_import_path():
         load_env("prime_rl.envs.rewards:lcs_ratio")
     with pytest.raises(UserError, match="cannot import module 'no_such_pkg.envs'"):
         load_env("no_such_pkg.envs:Env")
+
+
+@pytest.mark.parametrize("env_id", ["reverse-text", "alphabet-sort", "arithmetic", "calculator", "reverse-text-hint"])
+def test_generated_environments_have_no_example_ids(env_id):
+    """A curriculum needs a finite pool with ids; a generated stream has none (a config error with a curriculum)."""
+    assert load_env(env_id).example_pool() is None

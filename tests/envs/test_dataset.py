@@ -104,6 +104,18 @@ def test_a_resume_draws_what_an_uninterrupted_run_draws_across_an_epoch_boundary
     assert sum(env == "dataset" for env, _ in expected) > 7  # the run crossed an epoch of the data set
 
 
+def test_the_rows_are_the_example_pool_with_the_row_index_as_id(tmp_path):
+    """The curriculum's ids: `example_pool()[i]` is row i of the training split in file order, whatever the
+    shuffle, the same objects the stream yields and on every call; an agent over the data set has the same pool."""
+    path = write_jsonl(tmp_path / "d.jsonl", rows(6))
+    env = load_env("dataset", path=path, shuffle=True)
+    pool = env.example_pool()
+    assert [e.answer for e in pool] == [f"a{i}" for i in range(6)] and env.example_pool() is pool
+    assert all(any(e is p for p in pool) for e in itertools.islice(env.examples(seed=3), 12))
+    agent = load_env("agent", task={"id": "dataset", "args": {"path": path}}, command=["true"])
+    assert [e.answer for e in agent.example_pool()] == [f"a{i}" for i in range(6)]
+
+
 def test_evaluation_draws_held_out_rows(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", rows(20))
     held_out = write_jsonl(tmp_path / "test.jsonl", [{"question": "t", "answer": f"held{i}"} for i in range(4)])

@@ -16,7 +16,8 @@ from tests.support import REPO
 ROOT = REPO
 SRC = ROOT / "src" / "prime_rl"
 DOC = ROOT / "docs" / "metrics.md"
-PREFIXES = ("loss", "optim", "perf", "reward", "advantage", "seq_len", "rollout", "async", "eval", "value")
+PREFIXES = ("loss", "optim", "perf", "reward", "advantage", "seq_len", "rollout", "async", "eval", "value",
+            "curriculum")
 METRIC = re.compile(rf"(?:{'|'.join(PREFIXES)})/[\w@.*/-]+")
 
 

@@ -159,6 +159,10 @@ def test_an_environment_that_raises_or_hangs_fails_its_rollout_alone(text, why, 
     _, group = run([text, "fine", "two", "three"], n=2)
     assert group.errors == [why, None]
     assert group.rewards == [0.0, 0.3]
+    assert sum("the rollout is left out of training" in r.getMessage() for r in caplog.records) == 1
+    assert not group.trains(0) and group.trains(1)
+    _, group = run([text, "fine", "two", "three"], n=2, on_error="zero")
+    assert group.rewards == [0.0, 0.3] and group.trains(0)
     assert sum("the rollout scores 0" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(EnvironmentFailed, match=why):
         run([text, "fine", "two", "three"], n=2, on_error="fail")

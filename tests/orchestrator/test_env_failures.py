@@ -49,10 +49,12 @@ def score(texts, **config) -> list:
     return asyncio.run(score_group(draw, result(*texts)))
 
 
-def test_a_raising_or_hanging_score_is_a_zero_reward_and_one_warning(caplog, monkeypatch):
+@pytest.mark.parametrize("on_error, outcome", [("zero", "the rollout scores 0"),
+                                               ("exclude", "the rollout is left out of training")])
+def test_a_raising_or_hanging_score_is_a_zero_reward_and_one_warning(on_error, outcome, caplog, monkeypatch):
     monkeypatch.setattr(env_calls, "_failures", collections.Counter())
     caplog.set_level(logging.WARNING)
-    group = score(["good", "boom", "hang", "meh"])
+    group = score(["good", "boom", "hang", "meh"], on_error=on_error)
     assert group.rewards == [1.0, 0.0, 0.0, 0.5]
     assert group.components == [{"part": 1.0}, {}, {}, {"part": 1.0}]
     assert group.errors[0] is None and group.errors[3] is None
@@ -60,10 +62,12 @@ def test_a_raising_or_hanging_score_is_a_zero_reward_and_one_warning(caplog, mon
     assert group.errors[2] == "score took longer than score_timeout_s = 0.2s"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and all("\n" not in w for w in warnings)
-    assert all(w.startswith("environment 'flaky': score") and '"reverse: abc"' in w and "the rollout scores 0" in w
+    assert all(w.startswith("environment 'flaky': score") and '"reverse: abc"' in w and outcome in w
                for w in warnings)
     metrics = rollout_metrics([group], step=0)
     assert metrics["rollout/env_error_frac"] == 0.5
+    assert metrics["rollout/excluded_frac"] == (0.5 if on_error == "exclude" else 0.0)
+    assert [group.trains(i) for i in range(4)] == [True, on_error == "zero", on_error == "zero", True]
 
 
 def test_many_failures_are_logged_sparsely(caplog, monkeypatch):

@@ -94,3 +94,37 @@ def test_a_deeply_nested_manifest_is_one_line(tmp_path):
     (directory / MANIFEST).write_text('{"format": 1, "files": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(CorruptCheckpoint, match="unreadable"):
         verify_manifest(directory)
+
+
+def curriculum_state() -> dict:
+    import random
+
+    return {"rng": rng_to_json(random.Random("7:curriculum")),
+            "envs": {"dataset": {"size": 4, "history": {"0": [[2, 2]], "3": [[0, 2], [1, 2]]}}}}
+
+
+def test_a_curriculum_state_round_trips_and_a_state_without_one_is_the_old_format(tmp_path):
+    state = OrchestratorState(step=2, env_cursors={"dataset": 8}, curriculum=curriculum_state())
+    save_state(tmp_path, state)
+    assert load_state(tmp_path, 2) == state
+    old = OrchestratorState(step=3, env_cursors={"dataset": 12})
+    assert set(json.loads(old.to_json())) == {"step", "env_cursors", "rng_state"}  # as checkpoints before it
+    assert OrchestratorState.from_json('{"step": 3, "env_cursors": {"dataset": 12}, "rng_state": null}') == old
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"envs": []}, "curriculum is not {rng, envs}"),
+    ({"envs": {"dataset": {"size": 0, "history": {}}}}, "size = 0 is not a pool size"),
+    ({"envs": {"dataset": {"size": 4, "history": {"4": [[1, 1]]}}}}, "example id '4' outside 0..3"),
+    ({"envs": {"dataset": {"size": 4, "history": {"-1": [[1, 1]]}}}}, "example id '-1' outside 0..3"),
+    ({"envs": {"dataset": {"size": 4, "history": {"1": [[3, 2]]}}}}, r"is not a list of \[passed, scored\]"),
+    ({"envs": {"dataset": {"size": 4, "history": {"1": [[0, 0]]}}}}, r"is not a list of \[passed, scored\]"),
+    ({"envs": {"dataset": {"size": 4, "history": {"1": []}}}}, r"is not a list of \[passed, scored\]"),
+    ({"envs": {"dataset": {"size": 4, "history": {"1": [[True, 1]]}}}}, r"is not a list of \[passed, scored\]"),
+    ({"rng": [3, [1, 2], None]}, "state.json: "),  # random.setstate refuses it
+])
+def test_an_impossible_curriculum_state_is_one_line(tmp_path, change, message):
+    """An edited (re-manifested) curriculum state fails at load, in one line, not later in the run."""
+    save_state(tmp_path, OrchestratorState(step=3, curriculum={**curriculum_state(), **change}))
+    with pytest.raises(UserError, match=r"^cannot read orchestrator checkpoint .*" + message):
+        load_state(tmp_path, 3)

@@ -10,6 +10,13 @@ type's per-token A over the step's trained tokens.
 All of it is computed in float64 (the built-in functions return float64; `compute_advantages`
 returns float32 for the batch file).
 
+Partial groups. A group may train on fewer than its R rollouts (the environment's `on_error = "exclude"`: a
+failed rollout is left out, `orchestrator/rollouts.py`): `trained` [groups, rollouts] says which. Its advantages
+are then those of its trained rollouts alone, as a group of that size (grpo's mean and std over the k left,
+rloo's k / (k - 1)), and 0 at the excluded ones: the groups of one size k go through the type's function together
+as a [groups, k] table (`group_advantages`). Whitening (`normalize_advantages`, REINFORCE++-baseline) is over
+the trained rollouts only.
+
 Equal groups. A group whose rewards are all equal (max == min, compared exactly, `equal_groups`) has
 nothing to compare: every built-in type gives it A = 0 exactly, not the rounding residue of centering
 (which grpo's std division would blow up), and `whiten_samples` keeps a group that is all exactly 0 at
@@ -98,23 +105,28 @@ def rloo(rewards: Tensor) -> Tensor:
     return _centered(rewards) * (n / (n - 1))
 
 
-def whiten_samples(values: Tensor) -> Tensor:
-    """Whitens every sample's value over the whole [groups, rollouts] batch (population std;
-    docs/orchestrator.md#advantages, `normalize_advantages`).
+def whiten_samples(values: Tensor, trained: Tensor | None = None) -> Tensor:
+    """Whitens every trained sample's value over the whole [groups, rollouts] batch (population std;
+    docs/orchestrator.md#advantages, `normalize_advantages`); `trained` (bool, the same shape; None: all) leaves the
+    others out of the mean and std and at exactly 0.
 
     Rows that are all exactly 0 stay exactly 0 (they are the no-signal groups; for
     group-centered values mean = 0 and this only removes rounding). A single element gives 0.
     """
-    if values.numel() == 0:
-        return values
-    centered = values - values.mean()
-    return _zero_rows(centered / (values.std(correction=0) + EPS), zero_groups(values))
+    trained = torch.ones_like(values, dtype=torch.bool) if trained is None else trained
+    if not trained.any():
+        return torch.zeros_like(values)
+    kept = values[trained]
+    whitened = (values - kept.mean()) / (kept.std(correction=0) + EPS)
+    return _zero_rows(whitened.masked_fill(~trained, 0.0), zero_groups(values))
 
 
 @ADVANTAGES.implements(RppBaselineAdvantageConfig)
 def reinforce_plus_plus_baseline(rewards: Tensor) -> Tensor:
+    """Each group's rewards centered; the whitening over the batch is `compute_advantages`' (the type is
+    `batch_whitened`), so that it runs over every trained sample also when groups differ in size."""
     _check_groups(rewards, "reinforce_plus_plus_baseline")
-    return whiten_samples(_centered(rewards))
+    return _centered(rewards)
 
 
 @ADVANTAGES.implements(CustomAdvantageConfig)
@@ -128,18 +140,49 @@ def custom(rewards: Tensor, import_path: str, kwargs: dict) -> Tensor:
     return result.double()
 
 
-def compute_advantages(config: AdvantageConfig, rewards: Tensor, normalize: bool = False) -> Tensor:
-    """Float32 advantages of `rewards` [groups, rollouts] under an orchestrator-computed `config`, optionally
-    whitened over the batch (`whiten_samples`).
+def group_advantages(config: AdvantageConfig, rewards: Tensor, trained: Tensor | None = None,
+                     normalize: bool = False) -> Tensor:
+    """Float64 advantages of `rewards` [groups, rollouts] under an orchestrator-computed `config`; `trained`
+    (bool, the same shape; None: every rollout) marks the rollouts a partial group trains on (module docstring:
+    the others get 0 and the rest are a group of their own size); whitened over the trained samples with
+    `normalize` or when the type is `batch_whitened` (REINFORCE++-baseline).
 
-    Computed in float64 (a custom function gets float64 rewards); equal-reward groups give exactly 0 under
-    the built-in types, also after whitening (module docstring). A trainer-computed type has no advantage
-    here: a ValueError (the orchestrator writes 0 for it and sends the rewards).
+    A trainer-computed type has no advantage here: a ValueError (the orchestrator writes 0 for it and sends the
+    rewards).
     """
     if config.computed_in != "orchestrator":
         raise ValueError(f"advantage type '{config.type}' is computed in the {config.computed_in}, not from rewards "
                          "[groups, rollouts]")
+    rewards = rewards.double()
     if rewards.numel() == 0:  # every group filtered out: nothing to compute
-        return torch.zeros_like(rewards, dtype=torch.float32)
-    advantages = config.function()(rewards.double())
-    return (whiten_samples(advantages) if normalize else advantages).float()
+        return torch.zeros_like(rewards)
+    if trained is None or bool(trained.all()):
+        advantages = config.function()(rewards)
+    else:
+        advantages = _by_group_size(config.function(), rewards, trained)
+    return whiten_samples(advantages, trained) if normalize or config.batch_whitened else advantages
+
+
+def _by_group_size(function, rewards: Tensor, trained: Tensor) -> Tensor:
+    """`function` (a type's, [groups, k] -> [groups, k]) on each group's trained rewards, the groups of one
+    trained count k together; 0 at the rollouts not trained and in a group that trains none."""
+    advantages = torch.zeros_like(rewards)
+    counts = trained.sum(dim=1)
+    for k in counts.unique().tolist():
+        rows = (counts == k).nonzero().squeeze(1)
+        if k == 0:
+            continue
+        values = function(torch.stack([rewards[g][trained[g]] for g in rows.tolist()]))
+        for i, g in enumerate(rows.tolist()):
+            advantages[g, trained[g]] = values[i]
+    return advantages
+
+
+def compute_advantages(config: AdvantageConfig, rewards: Tensor, normalize: bool = False,
+                       trained: Tensor | None = None) -> Tensor:
+    """`group_advantages` as float32 (the batch file's dtype).
+
+    Computed in float64 (a custom function gets float64 rewards); equal-reward groups give exactly 0 under
+    the built-in types, also after whitening (module docstring).
+    """
+    return group_advantages(config, rewards, trained, normalize).float()

@@ -12,8 +12,9 @@ orchestrator runs on the task rewards), on every trained token.
 
 A group's samples may sit on several ranks: every rank contributes (group, reward, KL sum) of its samples
 (`sample_groups` >= 0, `sample_table`), all gather them, and each computes the same [groups, rollouts] table.
-A sample that trains no token (a masked truncation) enters its group with its reward and no KL. Every group
-must have the same number of samples (rollouts_per_example), as the orchestrator's table has.
+A sample that trains no token (a masked truncation) enters its group with its reward and no KL. A group has
+as many samples as rollouts it trains: rollouts_per_example, or fewer for a partial group (a failed rollout left
+out, `advantages.group`), which is then a group of that size.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from prime_rl.advantages.group import group_advantages
 from prime_rl.configs.advantage import AdvantageConfig
-from prime_rl.utils.errors import UserError
 
 
 def token_rewards(rewards: Tensor, mask: Tensor, kl: Tensor | None, coef: float) -> Tensor:
@@ -47,15 +48,13 @@ def kl_group_advantages(tables: list[Tensor], advantage: AdvantageConfig) -> lis
     if table.shape[0] == 0:
         return [torch.zeros(0, dtype=torch.float64) for _ in tables]
     ids, inverse, sizes = torch.unique(table[:, 0], return_inverse=True, return_counts=True)
-    if int(sizes.min()) != int(sizes.max()):
-        raise UserError(f"reward_kl: the batch's groups have {int(sizes.min())} to {int(sizes.max())} samples; "
-                        "every group needs the same number (rollouts_per_example)")
     slot = torch.zeros_like(inverse)  # each row's column within its group, in gathered order
     seen = torch.zeros(len(ids), dtype=torch.long)
     for row, g in enumerate(inverse.tolist()):
         slot[row] = seen[g]
         seen[g] += 1
-    penalized = torch.zeros((len(ids), int(sizes[0])), dtype=torch.float64)
+    penalized = torch.zeros((len(ids), int(sizes.max())), dtype=torch.float64)
     penalized[inverse, slot] = table[:, 1] - advantage.reward_kl.coef * table[:, 2]
-    advantages = advantage.function()(penalized)[inverse, slot]
+    trained = torch.arange(int(sizes.max()))[None, :] < sizes[:, None]  # a partial group's columns past its size
+    advantages = group_advantages(advantage, penalized, trained)[inverse, slot]
     return list(torch.split(advantages, [t.shape[0] for t in tables]))

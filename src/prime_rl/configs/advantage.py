@@ -69,6 +69,9 @@ class AdvantageBase(BaseConfig):
     """True for a group-relative type: it compares the rollouts of one prompt, so it needs at least 2 of them."""
     uses_critic: ClassVar[bool] = False
     """The trainer trains a critic V for this type (`[trainer.critic]`) and gives its function V_t."""
+    batch_whitened: ClassVar[bool] = False
+    """An orchestrator-computed type whose last step is whitening over the batch (REINFORCE++-baseline): its function
+    gives the values before it, and the framework whitens them over every trained sample (`advantages.group`)."""
 
     reward_kl: RewardKlConfig | None = None
     """Fold the KL to the reference model into the reward before this type's advantage (`RewardKlConfig`); the
@@ -144,6 +147,7 @@ class RppBaselineAdvantageConfig(AdvantageBase):
     """REINFORCE++-baseline: each group's rewards centered, then whitened over the whole batch."""
 
     type: Literal["reinforce_plus_plus_baseline"] = "reinforce_plus_plus_baseline"
+    batch_whitened: ClassVar[bool] = True
 
 
 @ADVANTAGES.config

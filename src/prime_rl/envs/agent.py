@@ -38,7 +38,7 @@ import numbers
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -216,6 +216,10 @@ class AgentEnvironment(Environment):
 
     def eval_examples(self, seed: int = 0) -> Iterator[Example]:
         return self.task.eval_examples(seed)
+
+    def example_pool(self) -> Sequence[Example] | None:
+        """Its task's pool (a curriculum weighs the task's examples)."""
+        return self.task.example_pool()
 
     def demonstration(self, example: Example) -> list[dict[str, Any]]:
         return self.task.demonstration(example)

@@ -22,6 +22,8 @@ Order: `examples(seed)` runs epoch after epoch forever; epoch e visits every row
 `random.Random(f"{seed}:{e}").shuffle` (`shuffle = false`: file order every epoch). The n-th example of a seed
 never changes, so a resumed run, which skips the examples drawn before its checkpoint, continues at exactly
 the example an uninterrupted run would draw, across epoch boundaries too.
+With `[orchestrator.curriculum]` the rows are instead drawn by their recent pass rates: example id `i` is row `i`
+(`example_pool`).
 
 Evaluation (`[orchestrator.eval]`) draws from `eval_path` / `eval_split` when set (held-out rows), else from
 the training rows in another seed's order. Reward: sum of weight x function over `rewards`
@@ -133,6 +135,10 @@ class DatasetEnv(Environment):
 
     def eval_examples(self, seed: int = 0) -> Iterator[Example]:
         return epochs(self.held_out if self.held_out is not None else self.train, seed, self.shuffle)
+
+    def example_pool(self) -> list[Example]:
+        """The training rows, example id = the row's index in `path`'s `split` (file order)."""
+        return self.train
 
     async def score(self, example: Example, completion: str) -> Reward:
         components, total = {}, 0.0

@@ -2,7 +2,9 @@
 and async reward functions.
 
 An environment has an `id` and yields `Example`s (chat prompt messages, the reference
-answer, free-form info) from `examples(seed)` (an infinite, deterministic iterator).
+answer, free-form info) from `examples(seed)` (an infinite, deterministic iterator). One with a
+finite set of training examples may also give them as a pool with ids (`example_pool()`), which
+an online curriculum samples by difficulty.
 
 A rollout is a conversation. The example's prompt opens it; the policy answers; the
 environment answers back with `await respond(example, messages, state) -> EnvReply`
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +107,13 @@ class Environment(ABC):
         """The examples `[orchestrator.eval]` draws (held-out ones where the environment has them); by default
         `examples` of the seed the orchestrator gives it (another stream than training's)."""
         return self.examples(seed)
+
+    def example_pool(self) -> Sequence[Example] | None:
+        """The training examples as a finite pool with ids, `pool[i]` being example `i` (the `dataset` environment:
+        its rows), which `[orchestrator.curriculum]` samples by each example's recent pass rate; None (the
+        default): the environment has no example ids (it generates an endless stream), and a curriculum over it is
+        a config error. Return the same list, of the same objects, on every call."""
+        return None
 
     async def score(self, example: Example, completion: str) -> Reward:
         """Score one completion text (special tokens already removed) of `example` (single-turn environments)."""

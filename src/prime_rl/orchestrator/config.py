@@ -67,9 +67,13 @@ class EnvConfig(BaseConfig):
     take; past it the rollout fails (see on_error)."""
     max_turns: Annotated[int, Field(gt=0)] | None = None
     """Most policy turns per rollout of a multi-turn environment; none: the environment's own `max_turns`."""
-    on_error: Literal["zero", "fail"] = "zero"
-    """When an environment call (respond, score) raises or times out: zero: the rollout scores 0 and the run goes on
-    (one warning line naming the example; rollout/env_error_frac); fail: the run stops with that error."""
+    on_error: Literal["exclude", "zero", "fail"] = "exclude"
+    """When a rollout fails (an environment call, respond or score, raises or times out; an agent that crashed; a
+    token id the server should not have sampled): exclude: the rollout trains nothing and its group trains on the
+    rollouts that succeeded, with the baseline over those (a group left with fewer than 2, for a group-relative
+    type, does not train; rollout/excluded_frac, rollout/unusable_groups); zero: it scores 0 and trains as a wrong
+    answer; fail: the run stops with that error. Each failure logs a warning line naming the example (sparsely) and
+    counts in rollout/env_error_frac."""
 
     @property
     def metric_name(self) -> str:
@@ -97,6 +101,13 @@ class EnvConfig(BaseConfig):
                 "other ids need the 'verifiers' extra installed)"
             )
         return self
+
+
+def no_example_ids(name: str, every_env: bool) -> str:
+    """The one line for a curriculum over environment `name`, which has no example ids."""
+    fix = "name the environments that have them in curriculum.envs" if every_env else "leave it out of curriculum.envs"
+    return (f"curriculum: environment '{name}' has no example ids (it generates its examples, so there is no finite "
+            f"pool to weigh; the dataset environment's rows have ids): {fix}")
 
 
 MIN_TRAIN_TEMPERATURE = 1e-3
@@ -244,6 +255,43 @@ class TeacherConfig(BaseConfig):
         return self
 
 
+class CurriculumConfig(BaseConfig):
+    """Online curriculum (`[orchestrator.curriculum]`; docs/orchestrator.md#online-curriculum): the examples of
+    environments with example ids (`Environment.example_pool`: the `dataset` environment's rows) are drawn by a
+    weight their recent pass rate sets, so examples always solved (rate 1) or never solved (rate 0), whose groups
+    teach nothing, come up less often. Its state is in the orchestrator's checkpoint: a resumed run (step mode)
+    draws exactly what an uninterrupted one would."""
+
+    envs: Annotated[list[str], Field(min_length=1)] | None = None
+    """The environments it draws for, by name (env[].name, else the id); none: every environment. Each needs
+    example ids (the `dataset` environment; an agent whose task has them): a generated environment (reverse-text,
+    arithmetic, ...) has none, so leave it out here and it draws its stream as without a curriculum."""
+    window: Annotated[int, Field(ge=1)] = 1
+    """An example's pass rate is over its last `window` groups: the rollouts that passed / its rollouts (failed
+    rollouts, which say how the environment fared, are left out)."""
+    pass_threshold: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+    """A rollout passes when its reward is at least this."""
+    easy_rate: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """An example whose pass rate is at least this is easy (solved)."""
+    hard_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """An example whose pass rate is at most this is hard (unsolved); below easy_rate."""
+    easy_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.2
+    """Sampling weight of an easy example, relative to 1 for an example in between: an environment draws example i
+    with probability weight_i / the sum of its pool's weights (every weight 0: uniformly). 0: an easy example is
+    not drawn again (so its rate never changes)."""
+    hard_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.2
+    """Sampling weight of a hard example, relative to 1 for an example in between (0: not drawn again)."""
+    unseen_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    """Sampling weight of an example with no scored rollout yet, relative to 1 for an example in between."""
+
+    @model_validator(mode="after")
+    def _rates_in_order(self) -> CurriculumConfig:
+        if self.hard_rate >= self.easy_rate:
+            raise ValueError(f"hard_rate = {self.hard_rate:g} must be below easy_rate = {self.easy_rate:g}: an example "
+                             "cannot be easy and hard at once")
+        return self
+
+
 class OrchestratorConfig(RunConfig):
     """Orchestrator: samples prompts, collects and scores rollouts, writes training batches."""
 
@@ -256,7 +304,7 @@ class OrchestratorConfig(RunConfig):
     rollout_mode: Literal["step", "continuous"] = "step"
     """step: each step generates its own batch, then waits for weights (reproducible given the weights).
     continuous: requests stay in flight across steps, batches fill with groups as they finish, and weight updates
-    land between decode iterations without draining the server (builtin backend); see docs/async.md."""
+    land while requests run, without draining the server (builtin backend, or vLLM >= 0.32); see docs/async.md."""
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     """Checkpointing and resume."""
     client: ClientConfig = Field(default_factory=ClientConfig)
@@ -311,6 +359,9 @@ class OrchestratorConfig(RunConfig):
     """Longest to wait for the trainer's weights/step_N before failing."""
     teacher: TeacherConfig | None = None
     """On-policy distillation from a teacher model ([teacher] in an rl config); none: no teacher."""
+    curriculum: CurriculumConfig | None = None
+    """Online curriculum: draw the examples of environments with example ids by their recent pass rate
+    ([orchestrator.curriculum]; docs/orchestrator.md#online-curriculum); none: every environment draws its stream."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
@@ -356,7 +407,22 @@ class OrchestratorConfig(RunConfig):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"environment names must be unique, repeated: {', '.join(duplicates)} (set env[].name)")
+        if self.curriculum is not None:
+            self._check_curriculum()
         return self
+
+    def _check_curriculum(self) -> None:
+        """The curriculum's environments exist and have example ids: a built-in or a class by import path is made
+        and asked now; a verifiers id, which is made when the run starts, is asked then (the same one line)."""
+        names = [e.metric_name for e in self.env]
+        chosen = self.curriculum.envs
+        unknown = [name for name in chosen or () if name not in names]
+        if unknown:
+            raise ValueError(f"curriculum.envs names no environment {unknown[0]!r} (environments: {', '.join(names)})")
+        for env, name in zip(self.env, names, strict=True):
+            checkable = env.id in ENVIRONMENTS or ":" in env.id
+            if (chosen is None or name in chosen) and checkable and not load_env(env.id, **env.args).example_pool():
+                raise ValueError(no_example_ids(name, chosen is None))
 
     def check_consistency(self, prefix: str = "") -> None:
         """sampling.max_tokens must leave room for a prompt (of at least one token) in the model's context:

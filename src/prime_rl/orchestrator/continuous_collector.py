@@ -17,7 +17,8 @@ steps >= n - max_async_level.
 - When nothing can start and nothing is in flight, the orchestrator waits for the trainer's
   weights (`perf/wait_for_weights_s`).
 
-`filter_zero_advantage` drops zero-advantage groups and the producer simply draws more, up
+A group with too few rollouts left after failures (`GroupAdvantages.usable`) is dropped, and with
+`filter_zero_advantage` so is a zero-advantage one; the producer simply draws more, up
 to `1 + dynamic_sampling_max_rounds` batches' worth of finished groups per step; then the
 step trains on what it has (as step mode's dynamic sampling does), so a task where every
 group ties cannot stall the run.
@@ -144,7 +145,7 @@ class ContinuousCollector:
                 stale += 1
                 continue
             groups.append(item)
-            if self.filtering and self.parts.advantages.zero([item])[0]:
+            if not self.parts.advantages.usable(item) or (self.filtering and self.parts.advantages.zero([item])[0]):
                 continue
             kept.append(item)
         if len(kept) < self.needed:

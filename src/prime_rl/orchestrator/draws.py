@@ -2,8 +2,10 @@
 stream of draws a run takes.
 
 `ExampleSource` owns the drawing: each draw picks an environment with probability weight / sum(weights) (one
-seeded RNG) and takes that environment's next example. How many each environment has yielded (its cursor) and
-the RNG state are what a checkpoint stores, so a resumed run goes on with the examples it has not drawn yet.
+seeded RNG) and takes that environment's next example; with `[orchestrator.curriculum]`, an environment under the
+curriculum instead gives the example its `Curriculum` draws from its pool by pass rate (`curriculum.py`). How many
+each environment has yielded (its cursor), the RNG state and the curriculum's state are what a checkpoint stores,
+so a resumed run goes on with the examples it has not drawn yet.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prime_rl.envs import Environment, Example, load_env
-from prime_rl.orchestrator.config import EnvConfig
+from prime_rl.orchestrator.config import CurriculumConfig, EnvConfig
+from prime_rl.orchestrator.curriculum import Curriculum, example_pools
 
 
 @dataclass
@@ -28,10 +31,12 @@ class Draw:
 
 
 class ExampleSource:
-    """Weighted, seeded, resumable draws of examples from several environments."""
+    """Weighted, seeded, resumable draws of examples from several environments; `curriculum` (with a checkpoint's
+    `curriculum_state`) draws the examples of the environments it applies to."""
 
     def __init__(self, configs: list[EnvConfig], seed: int, cursors: dict[str, int] | None = None,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, curriculum: CurriculumConfig | None = None,
+                 curriculum_state: dict | None = None):
         self.names = [c.metric_name for c in configs]
         self.configs = {c.metric_name: c for c in configs}
         self.weights = [c.weight for c in configs]
@@ -44,11 +49,16 @@ class ExampleSource:
             self.iterators[name] = itertools.islice(self.envs[name].examples(seed=seed + i), skip, None)
             self.cursors[name] = skip
         self.rng = rng or random.Random(seed)
+        self.curriculum = None if curriculum is None else Curriculum(
+            curriculum, example_pools(self.envs, curriculum), dict(zip(self.names, self.weights, strict=True)), seed,
+            curriculum_state)
 
     def draw(self, count: int) -> list[Draw]:
         draws = []
         for _ in range(count):
             name = self.rng.choices(self.names, weights=self.weights)[0] if len(self.names) > 1 else self.names[0]
             self.cursors[name] += 1
-            draws.append(Draw(name, self.envs[name], next(self.iterators[name]), self.configs[name]))
+            curriculum = self.curriculum is not None and self.curriculum.applies_to(name)
+            example = self.curriculum.draw(name) if curriculum else next(self.iterators[name])
+            draws.append(Draw(name, self.envs[name], example, self.configs[name]))
         return draws

@@ -1,7 +1,8 @@
 """Calling a draw's environment (`respond`, `score_rollout`, `score_group`) under its timeout and its failure rule.
 
 A call that raises or outlasts its timeout (`score_timeout_s`, `respond_timeout_s` of the draw's `EnvConfig`)
-fails the rollout: it scores 0 with a warning line naming the example (the first WARN_FIRST per environment, then
+fails the rollout: it scores 0 (and with `on_error = "exclude"`, the default, trains nothing: `Group.trains`) with
+a warning line naming the example (the first WARN_FIRST per environment, then
 the 10th, 100th, ...: `worth_logging`), or, with `on_error = "fail"`, ends the run with that line
 (`EnvironmentFailed`, exit code 2): an environment's bug never crashes the orchestrator with a traceback. Used by
 the single-turn scoring (`rollouts.py`) and the multi-turn conversations (`conversation.py`) alike.
@@ -44,7 +45,8 @@ def report_failure(draw: Draw, why: str) -> str:
     _failures[draw.env] += 1
     count = _failures[draw.env]
     if worth_logging(count):
-        log.warning(f"{message}: the rollout scores 0 (failure {count} of this environment; rollout/env_error_frac)")
+        outcome = "is left out of training" if draw.config.on_error == "exclude" else "scores 0"
+        log.warning(f"{message}: the rollout {outcome} (failure {count} of this environment; rollout/env_error_frac)")
     return why
 
 

@@ -6,6 +6,11 @@ equal groups are detected exactly on these values, so they are never rounded to 
 here gives its advantages (float32); a type computed in the trainer gives 0 (the batch carries each sample's
 reward instead). A group is zero-advantage when all its advantages are exactly 0: what `filter_zero_advantage`
 and dynamic sampling drop, in both rollout modes.
+
+Partial groups: a rollout that failed under `on_error = "exclude"` trains nothing (`Group.trains`); its group's
+advantages are those of the rollouts left, as a group of that size (`advantages.group`). A group left with too few
+to compare (fewer than 2 for a group-relative type, none otherwise) is not `usable`: it never trains, whatever the
+filters, and dynamic sampling draws another in its place.
 """
 
 from __future__ import annotations
@@ -31,13 +36,23 @@ class GroupAdvantages:
         """Float64 [groups, group_size]."""
         return torch.tensor([g.rewards for g in groups], dtype=torch.float64).reshape(len(groups), self.group_size)
 
+    def trained(self, groups: list[Group]) -> torch.Tensor:
+        """Bool [groups, group_size]: the rollouts that train (`Group.trains`)."""
+        return torch.tensor([[g.trains(i) for i in range(len(g.rewards))] for g in groups],
+                            dtype=torch.bool).reshape(len(groups), self.group_size)
+
+    def usable(self, group: Group) -> bool:
+        """Whether `group` has enough rollouts left to train (module docstring)."""
+        left = sum(group.trains(i) for i in range(len(group.rewards)))
+        return left >= (2 if self.config.compares_rollouts else 1)
+
     def of(self, groups: list[Group], normalize: bool = False) -> torch.Tensor:
-        """Float32 [groups, group_size]: the type's advantages when computed here (whitened over the batch with
-        `normalize`); 0 for a type computed in the trainer."""
+        """Float32 [groups, group_size]: the type's advantages when computed here (whitened over the batch's trained
+        rollouts with `normalize`; 0 at a rollout that does not train); 0 for a type computed in the trainer."""
         rewards = self.rewards(groups)
         if self.config.computed_in == "trainer":
             return torch.zeros_like(rewards, dtype=torch.float32)
-        return compute_advantages(self.config, rewards, normalize)
+        return compute_advantages(self.config, rewards, normalize, self.trained(groups))
 
     def zero(self, groups: list[Group]) -> list[bool]:
         """Per group: are its advantages all exactly 0 (nothing to learn from it)."""

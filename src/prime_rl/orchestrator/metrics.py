@@ -23,15 +23,16 @@ def _stats(prefix: str, values: list[float], names: tuple[str, ...] = ("mean", "
 
 
 def reward_metrics(groups: list[Group]) -> dict[str, float]:
-    """reward/mean|std|min|max over all rollouts; reward/<env>/mean and reward/<env>/<component> per env."""
-    metrics = _stats("reward", [r for g in groups for r in g.rewards])
+    """reward/mean|std|min|max over all rollouts but those left out of training (`Group.trains`: a failure's 0 is
+    not a score); reward/<env>/mean and reward/<env>/<component> per env."""
+    scored = [(g, i) for g in groups for i in range(len(g.rewards)) if g.trains(i)]
+    metrics = _stats("reward", [g.rewards[i] for g, i in scored])
     by_env: dict[str, list[float]] = defaultdict(list)
     components: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for g in groups:
-        by_env[g.env] += g.rewards
-        for parts in g.components:
-            for name, value in parts.items():
-                components[g.env][name].append(value)
+    for g, i in scored:
+        by_env[g.env].append(g.rewards[i])
+        for name, value in (g.components[i] if i < len(g.components) else {}).items():
+            components[g.env][name].append(value)
     for env, values in by_env.items():
         metrics[f"reward/{env}/mean"] = sum(values) / len(values)
         for name, vals in components[env].items():
@@ -40,7 +41,8 @@ def reward_metrics(groups: list[Group]) -> dict[str, float]:
 
 
 def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
-    """seq_len/*, rollout/truncated_frac, rollout/env_error_frac, async/policy_lag_* (per rollout: its oldest token) and
+    """seq_len/*, rollout/truncated_frac, rollout/env_error_frac, rollout/excluded_frac (failed rollouts left out of
+    training), async/policy_lag_* (per rollout: its oldest token) and
     async/token_lag_* (per completion token: step - the weight step it was sampled under) over all
     generated rollouts."""
     samples = [piece for g in groups for piece in g.all_trained()]
@@ -60,6 +62,7 @@ def rollout_metrics(groups: list[Group], step: int) -> dict[str, float]:
         "seq_len/completion_max": float(max(completion_lens, default=0)),
         "rollout/truncated_frac": sum(truncated) / n,
         "rollout/env_error_frac": env_errors / n,
+        "rollout/excluded_frac": sum(not g.trains(i) for g in groups for i in range(len(g.rewards))) / n,
         "async/policy_lag_mean": sum(lags) / n,
         "async/policy_lag_max": float(max(lags, default=0)),
     }

@@ -133,7 +133,8 @@ class Orchestrator:
         self.tables: dict[int, list[list]] = {}
         """Rows of the W&B samples tables of finished steps not yet logged (`[orchestrator.samples] wandb_interval`)."""
         rng = rng_from_json(state.rng_state) if state.rng_state is not None else None
-        self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng)
+        self.source = ExampleSource(config.env, config.seed, state.env_cursors, rng, config.curriculum,
+                                    state.curriculum)
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
                                trusted_upto=state.step, in_flight=config.rollout_mode == "continuous")
         conversations, self.agents, vocab = token_runners(config, self.source, client)
@@ -159,12 +160,14 @@ class Orchestrator:
 
     def samples(self, groups: list[Group], advantages: torch.Tensor,
                 keys: dict[tuple[int, int, int], int] | None = None) -> list[Sample]:
-        """Every trained sample of `groups`: one per rollout (an agent rollout: one per segment, each with the
-        rollout's advantage and reward, per token discounted by its call with a `turn_discount`), keyed as the
+        """Every trained sample of `groups`: one per rollout that trains (an agent rollout: one per segment, each
+        with the rollout's advantage and reward, per token discounted by its call with a `turn_discount`), keyed as the
         step's samples file keys them (`SamplesFile.keys`; -1: not in the file)."""
         samples, keys = [], keys or {}
         for index, (group, row) in enumerate(zip(groups, advantages.tolist(), strict=True)):
             for rollout, (advantage, reward) in enumerate(zip(row, group.rewards, strict=True)):
+                if not group.trains(rollout):  # a failed rollout of a partial group
+                    continue
                 for segment, piece in enumerate(group.trained(rollout)):
                     completion = piece.completion
                     train = not (self.config.mask_truncated and completion.truncated)
@@ -192,7 +195,8 @@ class Orchestrator:
         return await self.finish(await self.generate(step))
 
     async def generate(self, step: int) -> Generated:
-        """Steps 1-3 of the module docstring up to the rollouts: weights, eval, the collector's groups."""
+        """Steps 1-3 of the module docstring up to the rollouts: weights, eval, the collector's groups (which update
+        the curriculum's pass rates, when there is one)."""
         c = self.config
         start = time.monotonic()
         evaluating = bool(c.eval.interval) and step % c.eval.interval == 0
@@ -202,7 +206,12 @@ class Orchestrator:
         metrics |= collected.metrics
         if isinstance(self.client, ServerPool) and len(self.client.clients) > 1:  # before the next step's requests
             metrics |= self.client.step_metrics()
-        state = OrchestratorState(step + 1, dict(self.source.cursors), rng_to_json(self.source.rng))
+        curriculum = self.source.curriculum
+        if curriculum is not None:  # before the snapshot: a run resumed from it weighs the examples as this one
+            curriculum.observe(collected.groups)
+            metrics |= curriculum.metrics()
+        state = OrchestratorState(step + 1, dict(self.source.cursors), rng_to_json(self.source.rng),
+                                  curriculum.state() if curriculum is not None else None)
         return Generated(step, start, collected.groups, collected.kept, metrics, state)
 
     async def finish(self, generated: Generated) -> dict[str, float]:
@@ -232,6 +241,7 @@ class Orchestrator:
         metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
         metrics |= {
             "rollout/filtered_frac": 1 - sum(len(g.rewards) for g in kept) / total,
+            "rollout/unusable_groups": float(sum(not self.advantages.usable(g) for g in groups)),
             "rollout/num_samples": float(len(samples)),
             "advantage/no_signal": float(no_signal),
             "rollout/micro_batches_per_rank": float(len(batches[0].micro_batches)),

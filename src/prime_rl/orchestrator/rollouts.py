@@ -60,6 +60,7 @@ class Group:
     stats: list[TurnStats] = field(default_factory=list)  # per rollout
     pieces: list[list[TrainedPiece]] | None = None  # per agent rollout: its segments (None: one sample each)
     rollouts: list[Rollout] = field(default_factory=list)  # per rollout: the conversation the environment scored
+    exclude_failed: bool = False  # its environment's on_error = "exclude": a failed rollout trains nothing
 
     def trained(self, index: int) -> list[TrainedPiece]:
         """Rollout `index` as the samples it trains, (prompt ids, completion) each: the group's prompt and its
@@ -71,6 +72,10 @@ class Group:
     def all_trained(self) -> list[TrainedPiece]:
         """Every sample of the group, rollout after rollout."""
         return [piece for index in range(len(self.rewards)) for piece in self.trained(index)]
+
+    def trains(self, index: int) -> bool:
+        """Whether rollout `index` is trained: not a failed one when failures are excluded."""
+        return not (self.exclude_failed and index < len(self.errors) and self.errors[index] is not None)
 
     def policy_step(self, index: int) -> int:
         """The oldest weight step of rollout `index`'s tokens (the admission step when it has none)."""
@@ -142,7 +147,7 @@ async def score_group(draw: Draw, result: ChatResult, truncated_reward: float | 
         for c, r in zip(completions, rewards, strict=True)
     ]
     return Group(draw.env, draw.example, result, totals, [r.components for r in rewards], errors, list(stats),
-                 rollouts=list(rollouts))
+                 rollouts=list(rollouts), exclude_failed=draw.config.on_error == "exclude")
 
 
 def cut_unsampleable(draw: Draw, rollouts: list[list[RolloutCompletion]], vocab: int | None,
@@ -165,7 +170,8 @@ def cut_unsampleable(draw: Draw, rollouts: list[list[RolloutCompletion]], vocab:
         _unsampleable[draw.env] += 1
         count = _unsampleable[draw.env]
         if worth_logging(count):
-            log.warning(f"environment '{draw.env}': {why}: the rollout is cut there and scores 0 (rollout {count} "
+            outcome = "is left out of training" if draw.config.on_error == "exclude" else "scores 0"
+            log.warning(f"environment '{draw.env}': {why}: the rollout is cut there and {outcome} (rollout {count} "
                         "of this environment; rollout/env_error_frac)")
         failed[i] = failed[i] or why
     return failed

@@ -4,7 +4,8 @@ At the start of step n's generation phase the server must serve weights m >= n -
 for the trainer's when they are not there: `WeightSync.ensure`; a weight update drains the server, so no
 response mixes two weight steps). Then batch_size / rollouts_per_example examples are drawn and generated, one
 group request each, with seeds from (seed, step, index): given the same weights the same seeds give the same
-rollouts. With `filter_zero_advantage` the zero-advantage groups do not train; with `dynamic_sampling` more
+rollouts. A group with too few rollouts left after failures (`GroupAdvantages.usable`) never trains; with
+`filter_zero_advantage` the zero-advantage groups do not train either; with `dynamic_sampling` more
 examples are drawn for the missing groups, up to `dynamic_sampling_max_rounds` extra rounds (then the step
 trains on what it has). Nothing is in flight between steps, so the server idles outside generation:
 `async/inference_idle_frac` = 1 - generation time / the phase (weights wait + evaluation + generation).
@@ -49,8 +50,10 @@ class StepCollector:
         groups = await self._generate(self.parts.source.draw(self.needed), step, 0)
         rounds = 0
         while True:
-            zero = self.parts.advantages.zero(groups) if self.filtering else [False] * len(groups)
-            kept = [g for g, z in zip(groups, zero, strict=True) if not z or not self.filtering]
+            advantages = self.parts.advantages
+            usable = [g for g in groups if advantages.usable(g)]
+            zero = advantages.zero(usable) if self.filtering else [False] * len(usable)
+            kept = [g for g, z in zip(usable, zero, strict=True) if not z]
             missing = self.needed - len(kept)
             if not self.dynamic_sampling or missing <= 0 or rounds >= self.max_rounds:
                 break
