@@ -8,6 +8,7 @@ venv: see docs/inference.md); elsewhere they are skipped with that reason.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -465,8 +466,6 @@ def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, weight_root)
     outside = httpx.post(f"{vllm_server}/update_weights", json={"path": str(vllm_model_dir.parent)}, timeout=30)
     assert outside.status_code == 403, outside.text
     new_dir = save_random_model(weight_root / "vllm" / "step_1", seed=1, **VLLM_MODEL)
-    in_flight = httpx.post(f"{vllm_server}/update_weights", json={"path": str(new_dir), "in_flight": True}, timeout=30)
-    assert in_flight.status_code == 400 and "need the builtin backend" in in_flight.json()["error"]["message"]
     update = httpx.post(f"{vllm_server}/update_weights", json={"path": str(new_dir)}, timeout=300)
     assert update.status_code == 200 and update.json() == {"weight_step": 1}, update.text
     body = {"model": str(vllm_model_dir), "prompt": "weights", "max_tokens": 16, "temperature": 1.0,
@@ -479,6 +478,38 @@ def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, weight_root)
     stale = reference_logprobs(vllm_model_dir, data["prompt_token_ids"], choice["token_ids"], 1.0)
     assert not torch.allclose(stale, torch.tensor(choice["logprobs"]["token_logprobs"]), atol=1e-3)
     assert httpx.post(f"{vllm_server}/reset", json={}, timeout=60).status_code == 200
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_swaps_weights_in_flight_and_reports_each_tokens_step(vllm_server, vllm_model_dir, weight_root):
+    """In-flight updates land while a long request samples (one every 0.1 s until it is done, at least two): vLLM
+    keeps the request (pause mode "keep"), and its answer's token_weight_steps, read from vLLM's weight-version spans,
+    run through the served step and the updates' steps in order."""
+    probe = {"model": str(vllm_model_dir), "prompt": "w", "max_tokens": 1, "logprobs": 0, "return_token_ids": True}
+    served = httpx.post(f"{vllm_server}/v1/completions", json=probe, timeout=120).json()["weight_step"]
+    dirs = [save_random_model(weight_root / "vllm" / f"step_{s}", seed=s, **VLLM_MODEL) for s in range(5, 15)]
+    body = {"model": str(vllm_model_dir), "prompt": "weights", "n": 8, "max_tokens": 240, "temperature": 1.0,
+            "logprobs": 0, "return_token_ids": True, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(httpx.post, f"{vllm_server}/v1/completions", json=body, timeout=300)
+        updates = []
+        for path in dirs:
+            time.sleep(0.1)
+            if running.done() and len(updates) >= 2:
+                break
+            updates.append(httpx.post(f"{vllm_server}/update_weights", json={"path": str(path), "in_flight": True},
+                                      timeout=120))
+        answer = running.result()
+    assert [u.json() for u in updates] == [{"weight_step": s} for s in range(5, 5 + len(updates))], updates[-1].text
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert data["weight_step"] == served
+    for choice in data["choices"]:
+        steps = choice["token_weight_steps"]
+        assert len(steps) == len(choice["token_ids"]) == 240
+        assert steps == sorted(steps) and steps[0] == served and len(set(steps)) >= 3, steps
+        assert set(steps) <= {served, *range(5, 5 + len(updates))}
 
 
 @pytest.mark.vllm

@@ -56,7 +56,7 @@ def test_a_staged_update_is_applied_and_its_step_served(tmp_path):
 @pytest.mark.parametrize(("case", "status", "message"), [
     ("outside the roots", 403, "outside the allowed weight directories"),
     ("no such directory", 400, "does not exist"),
-    ("in flight unsupported", 400, "in-flight weight updates need the builtin backend"),
+    ("in flight unsupported", 400, "in-flight weight update refused: the backend cannot swap weights under requests"),
     ("stage refuses", 400, "shapes differ"),
     ("apply fails", 400, "cannot load weights from"),
 ])

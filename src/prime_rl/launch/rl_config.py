@@ -300,9 +300,11 @@ class RLConfig(RunConfig):
                 and "share_prompts" in self.orchestrator.model_fields_set:
             raise ValueError("orchestrator.share_prompts = true contradicts trainer.runtime.attn_implementation = "
                              "'flash_attention_2', which computes a shared prompt once per completion")
-        if self.orchestrator.rollout_mode == "continuous" and self.inference.backend == "vllm":
-            raise ValueError("orchestrator.rollout_mode = 'continuous' needs in-flight weight updates, which only the "
-                             "builtin backend has (inference.backend)")
+        lora = self.trainer.lora
+        if self.orchestrator.rollout_mode == "continuous" and resolved_backend(self.inference.backend) == "vllm" \
+                and lora is not None and not lora.merge:
+            raise ValueError("orchestrator.rollout_mode = 'continuous' swaps weights in flight, which vLLM cannot do "
+                             "for LoRA adapters (a running request keeps its adapter): set trainer.lora.merge = true")
         self._check_split()
         self._check_models_exist()
         self._check_judge()
@@ -317,7 +319,6 @@ class RLConfig(RunConfig):
         if self.deployment.trainer_nodes > 1 and self.deployment.rdzv_endpoint is None:
             raise ValueError("deployment.trainer_nodes > 1 needs deployment.rdzv_endpoint (host:port of the first "
                              "trainer node) for torchrun's rendezvous")
-        lora = self.trainer.lora
         if lora is not None and not lora.merge and lora.modules_to_save and \
                 resolved_backend(self.inference.backend) == "vllm":
             raise ValueError("trainer.lora.modules_to_save needs trainer.lora.merge = true on vLLM (its LoRA adapters "

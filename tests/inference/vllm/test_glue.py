@@ -24,6 +24,7 @@ from prime_rl.inference.vllm import launch
 from prime_rl.inference.vllm.launch import vllm_args
 from prime_rl.inference.vllm.middleware import (
     CONTEXT_ENV,
+    IN_FLIGHT_KV_ENV,
     TIMEOUT_ENV,
     TRANSFER_ENV,
     PrimeRLMiddleware,
@@ -156,8 +157,11 @@ def test_middleware_rejects_updates_that_do_not_fit_vllms_model_and_keeps_the_st
     bad, after = asyncio.run(scenario())
     assert bad.status_code == status and message in bad.json()["error"]["message"], bad.text
     assert after.json()["weight_step"] == 0
-    step_5 = tmp_path / "step_5"
-    assert engine.calls == ([("load_weights_from_dir", (str(step_5), pins_of(step_5)))] if make is None else [])
+    step_5, served = tmp_path / "step_5", tmp_path / "step_0"
+    # A load the workers fail part-way is undone: the served checkpoint is loaded again.
+    assert engine.calls == ([("load_weights_from_dir", (str(step_5), pins_of(step_5))),
+                             ("load_weights_from_dir", (str(served), pins_of(served))),
+                             ("reset_prefix_cache", ())] if make is None else [])
 
 
 def test_completion_limit_reads_max_tokens_and_counts_prompts():
@@ -269,6 +273,16 @@ def test_rl_hands_the_trainers_lora_rank_to_vllm_unless_it_publishes_merged_weig
         RLConfig.build([], {"trainer": {"lora": {"rank": 8}}, "inference": {"vllm": {"max_lora_rank": 4}}})
 
 
+def test_rl_runs_continuous_rollouts_on_vllm_but_not_with_lora_adapters():
+    from prime_rl.launch.rl_config import RLConfig
+
+    continuous = {"orchestrator": {"rollout_mode": "continuous"}, "inference": {"backend": "vllm"}}
+    assert RLConfig.build([], continuous).orchestrator.rollout_mode == "continuous"
+    assert RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8, "merge": True}}})
+    with pytest.raises(Exception, match="vLLM cannot do for LoRA adapters"):
+        RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8}}})
+
+
 def lora_dir(tmp_path, step, a_shape=(2, 3), saved=False):
     """A peft adapter of rank 2 for the 4x3 weight `layer.weight` of `lora_served_model` (with `saved`, it
     also saves `norm.weight` in full, as `lora.modules_to_save = ["norm"]` does)."""
@@ -373,12 +387,13 @@ class TransferWorker(WeightDirWorkerExtension):
         self.loaded.append(dict(weights_iterator))
 
 
-class WorkersEngineClient:
+class WorkersEngineClient(FakeEngineClient):
     """vLLM's `collective_rpc` over stand-in workers: the method on each (in threads, as in vLLM's worker
-    processes), the results in rank order."""
+    processes), the results in rank order; calls recorded by name."""
 
     def __init__(self, workers):
-        self.workers, self.calls = workers, []
+        super().__init__()
+        self.workers = workers
 
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append(method)
@@ -412,10 +427,11 @@ def test_vllm_workers_load_only_the_files_the_middleware_checked(tmp_path, tmp_p
         return first, swapped, after
 
     first, swapped, after = asyncio.run(scenario())
-    assert first.status_code == 200 and [loaded["w"].tolist() for loaded in worker.loaded] == [[0.0]]
+    assert first.status_code == 200
     message = swapped.json()["error"]["message"]
     assert swapped.status_code == 400 and "is not the file that was checked: it was replaced" in message, message
-    assert len(worker.loaded) == 1 and after.json()["weight_step"] == 1
+    # Nothing of step 2 was read; the weights of step 1 were loaded again after the failure (they are served).
+    assert [loaded["w"].tolist() for loaded in worker.loaded] == [[0.0], [0.0]] and after.json()["weight_step"] == 1
 
 
 def transfer_setting(monkeypatch, ranks_per_server: int, timeout_s: float = 30) -> str:
@@ -657,3 +673,116 @@ def test_rl_gives_each_vllm_worker_a_rank_in_the_transfer_group(backend, tp, ran
     assert [server.rank for server in servers] == ranks
     assert trainer.rank == 0 and trainer.world_size == 1 + 2 * (tp if backend == "vllm" else 1)
     assert all(s.address == trainer.address == "127.0.0.1:1234" for s in servers)
+
+
+def test_a_request_running_across_two_in_flight_updates_reports_three_weight_steps(tmp_path, served_model):
+    """In flight, vLLM's scheduler is paused with mode "keep" (nothing drains), the weights load, the weight version
+    becomes the step, it resumes: a request sampling across two such updates answers each token's step from vLLM's
+    weight-version spans, and requests are salted with their admission step (no prefix from other weights)."""
+    engine = FakeEngineClient(answer="abcd")
+    app, _ = fake_vllm_app(engine)
+    engine.steps = asyncio.Semaphore(0)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5, 6], "n": 2}))
+            await asyncio.sleep(0.05)
+            engine.steps.release()  # token 0 under the weights the server started with (step 0)
+            await asyncio.sleep(0.05)
+            first = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
+            engine.steps.release()  # token 1 under step 1
+            await asyncio.sleep(0.05)
+            second = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 2)),
+                                                                "in_flight": True})
+            for _ in range(2):
+                engine.steps.release()  # tokens 2 and 3 under step 2
+            answer = await running
+            engine.steps = None
+            after = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+            return first, second, answer, after
+
+    first, second, answer, after = asyncio.run(scenario())
+    assert first.json() == {"weight_step": 1} and second.json() == {"weight_step": 2}
+    body = answer.json()
+    assert body["weight_step"] == 0  # admitted under step 0
+    assert [c["token_weight_steps"] for c in body["choices"]] == [[0, 1, 2, 2]] * 2
+    assert after.json()["weight_step"] == 2 and after.json()["choices"][0]["token_weight_steps"] == [2] * 4
+    assert [body["cache_salt"] for body in app.state.generated] == ["e0", "e2"]
+    calls = [c[0] for c in engine.calls]
+    assert calls == ["pause_generation", "load_weights_from_dir", "reset_prefix_cache", "resume_generation"] * 2
+    assert engine.calls[0] == ("pause_generation", ("keep", False)) and engine.versions == ["1", "2"]
+
+
+def test_recompute_has_vllm_drop_the_running_requests_kv_cache_at_an_in_flight_update(tmp_path, served_model,
+                                                                                       monkeypatch):
+    """`vllm.in_flight_kv = "recompute"` (the launcher's IN_FLIGHT_KV_ENV): the pause clears the cache, so vLLM
+    preempts the running requests and prefills them again under the new weights."""
+    monkeypatch.setenv(IN_FLIGHT_KV_ENV, "recompute")
+    engine = FakeEngineClient()
+    app, _ = fake_vllm_app(engine)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            return await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
+
+    assert asyncio.run(scenario()).json() == {"weight_step": 1}
+    assert engine.calls[0] == ("pause_generation", ("keep", True))
+
+
+def test_an_in_flight_update_that_fails_part_way_leaves_the_old_weights_serving(tmp_path, served_model):
+    """The load fails on the workers: the weights served before are loaded again (the last directory, here step 3),
+    the scheduler resumes, the step stays 3 and requests are served; when even that reload fails, /health and
+    generate requests answer 503 rather than serve unknown weights."""
+    engine = FakeEngineClient()
+    app, _ = fake_vllm_app(engine)
+
+    async def scenario(fail: int):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            engine.fail = fail
+            bad = await client.post("/update_weights", json={"path": str(tmp_path / "step_4"), "in_flight": True})
+            return bad, await client.post("/v1/completions", json={"prompt": [5]}), await client.get("/health")
+
+    async def update(step):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            return await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, step))})
+
+    assert asyncio.run(update(3)).status_code == 200
+    weight_dir(tmp_path, 4)
+    engine.calls.clear()
+    bad, served, health = asyncio.run(scenario(fail=1))
+    assert bad.status_code == 400 and "cannot load weights" in bad.json()["error"]["message"]
+    assert served.json()["weight_step"] == 3 and health.status_code == 200
+    step_3, step_4 = tmp_path / "step_3", tmp_path / "step_4"
+    assert engine.calls == [("pause_generation", ("keep", False)),
+                            ("load_weights_from_dir", (str(step_4), pins_of(step_4))),
+                            ("load_weights_from_dir", (str(step_3), pins_of(step_3))), ("reset_prefix_cache", ()),
+                            ("resume_generation", ())]
+    bad, served, health = asyncio.run(scenario(fail=2))
+    assert bad.status_code == 400 and served.status_code == 503 and health.status_code == 503
+    assert "could not be reloaded" in health.json()["error"]["message"] and not engine.paused
+
+
+def test_an_adapter_is_not_swapped_in_flight_on_vllm(tmp_path, served_model):
+    from prime_rl.inference.vllm.middleware import VLLMLoader
+
+    loader = VLLMLoader(None, {"app": types.SimpleNamespace(state=types.SimpleNamespace(
+        engine_client=FakeEngineClient()))}, in_flight=True)
+    adapter = types.SimpleNamespace(is_adapter=True, is_marker=False)
+    with pytest.raises(UserError, match="LoRA adapter cannot be swapped in flight"):
+        asyncio.run(loader.stage(adapter, 3))
+
+
+def test_an_engine_without_weight_versions_refuses_in_flight_updates_in_one_line(tmp_path, served_model):
+    class OldEngine(FakeEngineClient):
+        update_weight_version = None
+
+    app, _ = fake_vllm_app(OldEngine())
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            return await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
+
+    refused = asyncio.run(scenario())
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == ("in-flight weight update refused: vLLM's engine client has no "
+                                                  "update_weight_version (in-flight updates need vLLM >= 0.32)")

@@ -16,7 +16,7 @@ import sys
 
 from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.config import KEEP_ALIVE_S, VLLM_MISSING, InferenceConfig, vllm_available
-from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV, TIMEOUT_ENV, TRANSFER_ENV
+from prime_rl.inference.vllm.middleware import CONTEXT_ENV, IN_FLIGHT_KV_ENV, SERVED_NAME_ENV, TIMEOUT_ENV, TRANSFER_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
 from prime_rl.utils.errors import UserError
 
@@ -93,6 +93,7 @@ def exec_vllm(config: InferenceConfig) -> None:
     os.environ[TIMEOUT_ENV] = str(config.update_timeout_s)
     os.environ[CONTEXT_ENV] = str(context_len(config))
     os.environ[SERVED_NAME_ENV] = config.model.name
+    os.environ[IN_FLIGHT_KV_ENV] = config.vllm.in_flight_kv
     if config.vllm.max_lora_rank is not None:
         os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, which the middleware calls
     os.environ.update(AccessPolicy.from_config(config).to_env())

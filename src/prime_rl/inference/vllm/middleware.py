@@ -2,11 +2,18 @@
 
 - Every request first passes `guard.RequestGuard` with the launcher's `AccessPolicy` (API key
   on every route but /health, admin-endpoint Host and Content-Type checks, body cap).
-- `POST /update_weights {"path": ".../step_N"[, "step": N]}`: the directory must lie under
+- `POST /update_weights {"path": ".../step_N"[, "step": N][, "in_flight": true]}`: the directory must lie under
   an allowed root and fit the served model (`weight_check`: architecture, tensor names,
   shapes and dtypes against the directory vLLM started from, finite values); only then
   it waits for in-flight requests (new ones are held), loads the directory on every
-  worker through `collective_rpc`, resets the prefix cache, answers `{"weight_step": N}`.
+  worker through `collective_rpc`, resets the prefix cache, sets vLLM's weight version to `N`, answers
+  `{"weight_step": N}`. With `"in_flight": true` (vLLM >= 0.32: `token_steps.in_flight_problem`) nothing waits:
+  vLLM's scheduler is paused with `mode="keep"` (running requests stay), the weights load, the version becomes `N`,
+  and the scheduler resumes; running requests go on under the new weights with the KV cache computed under the old
+  ones (`vllm.in_flight_kv = "keep"`), or, with "recompute" (`clear_cache=True`), vLLM preempts them and prefills
+  them again under the new ones. Each token's step comes from vLLM's weight-version spans (`token_steps.py`).
+  A load that fails part-way reloads the weights served before (the last directory loaded, or the served
+  checkpoint), so the server stays on the old step and serving; if even that fails, /health answers 503.
   The update's files are opened once here and checked on their descriptors (`weight_dirs.py`); they stay
   open until the update is answered. The workers read the tensors again, in their own processes, by the
   files' real paths, and each worker refuses (before loading any) a file that is not the very one checked
@@ -24,9 +31,14 @@
   lone surrogates or deep nesting reach vLLM; 400 instead).
 - Non-streaming JSON answers of `/v1/completions` and `/v1/chat/completions` get a
   top-level `weight_step` (the step they were admitted under; see `gate.py`), each choice
-  with `token_ids` its `token_weight_steps` (all that step: updates here always drain;
-  `"in_flight": true` is a 400), and completions a top-level `prompt_token_ids` (vLLM puts
-  it on each choice).
+  with `token_ids` its `token_weight_steps` (from vLLM's weight-version spans: several steps for a request that
+  ran across in-flight updates; all the admission step when none happened), and completions a top-level
+  `prompt_token_ids` (vLLM puts it on each choice). Every generate request is salted with the weights'
+  *cache epoch* at its admission (`cache_salt`, after the client's own), which each update advances once vLLM can
+  no longer compute under the old weights (after the pause, or the drain): a request admitted after that never
+  reuses a prefix cached under older weights, also while requests that started under them still run (vLLM cannot
+  reset the prefix cache then). A request admitted before it may (it belongs to the old weights, as a running
+  request's kept KV cache does).
 - `prompt_logprobs` (the teacher's scoring call) passes to vLLM, whose answer has the builtin
   backend's shape; vLLM computes prompt logprobs from the raw logits (its
   `--logprobs-mode processed_logprobs` covers sampled tokens only), so a request that asks for
@@ -62,6 +74,7 @@ from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
 from prime_rl.inference.protocol import UpdateWeightsRequest, budget_overflow, context_overflow, integral, parse_json
 from prime_rl.inference.update import update_weights
+from prime_rl.inference.vllm import token_steps
 from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
 from prime_rl.inference.vllm.worker import (
     LOAD_DIR,
@@ -72,7 +85,7 @@ from prime_rl.inference.vllm.worker import (
     transfer_result,
 )
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
-from prime_rl.inference.weight_dirs import WeightDir
+from prime_rl.inference.weight_dirs import WeightDir, open_weight_dir
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import ensure_logging, get_logger
 
@@ -81,6 +94,7 @@ TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from upd
 CONTEXT_ENV = "PRIME_INFERENCE_CONTEXT_LEN"  # set by the launcher to vLLM's --max-model-len
 SERVED_NAME_ENV = "PRIME_INFERENCE_SERVED_NAME"  # set by the launcher to --served-model-name (the adapter alias)
 TRANSFER_ENV = "PRIME_INFERENCE_WEIGHT_TRANSFER"  # set by the launcher: the server's WeightTransferConfig (JSON)
+IN_FLIGHT_KV_ENV = "PRIME_INFERENCE_IN_FLIGHT_KV"  # set by the launcher from vllm.in_flight_kv: keep | recompute
 PIN_POLL_S = 0.02  # how often a marker update asks the workers whether its weights have arrived
 
 log = get_logger("inference")
@@ -188,6 +202,13 @@ class PrimeRLMiddleware:
         self.transfer = os.environ.get(TRANSFER_ENV)  # the workers join the trainer's group at startup
         self.transfer_started = False
         self._updating = asyncio.Lock()
+        self.updates = 0  # in-flight updates so far: a request that saw one needs vLLM's spans for its tokens' steps
+        self.cache_epoch = 0  # advanced by every update once the old weights compute nothing more (`salted`)
+        self.recompute_kv = os.environ.get(IN_FLIGHT_KV_ENV, "keep") == "recompute"
+        self.restore_from: tuple[str, list] | None = None  # the last full weights loaded (path, pins): a failed
+        # load reloads them (None: the served checkpoint; after weights that came over the transfer group: nothing)
+        self.restorable = True
+        self.broken: str | None = None  # why the served weights are unknown (a failed load that could not be undone)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan" and self.transfer is not None:
@@ -240,6 +261,8 @@ class PrimeRLMiddleware:
             return await send_json(send, 200, {"status": "ok"})
         if method == "POST" and path in GENERATE_PATHS:
             return await self._generate(scope, receive, send)
+        if path == "/health" and self.broken is not None:
+            return await send_error(send, 503, self.broken)
         return await self.app(scope, receive, send)
 
     async def _body(self, receive) -> tuple[bytes, Any]:
@@ -260,18 +283,39 @@ class PrimeRLMiddleware:
         if max_tokens is not None and max_tokens >= self.context_len:
             message = f"max_tokens ({max_tokens}) leaves no room for a prompt in the context length {self.context_len}"
             return await send_error(send, 400, message)
+        if self.broken is not None:
+            return await send_error(send, 503, self.broken)
+        app = scope.get("app")
+        if app is not None:  # vLLM's app (always, in vLLM); a bare ASGI stand-in has none
+            token_steps.record_outputs(app.state.engine_client)
         try:
             async with self.gate.request() as step:
-                finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None)
-                routed = aliased(body, self.served_name, self.adapter)
-                if routed is not body:  # a LoRA adapter serves: ask vLLM for it, answer under the model's name
-                    raw, finish = json.dumps(routed).encode(), partial(_renamed, finish, body.get("model"))
-                await self.app(scope, replay(raw, receive), _FinishAnswer(send, finish))
+                n = (_whole(body.get("n", 1)) or 1) if isinstance(body, dict) else 1
+                with token_steps.collecting() as calls:
+                    finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None,
+                                     spans=partial(self._spans, calls, n, self.updates))
+                    routed = aliased(body, self.served_name, self.adapter)
+                    if routed is not body:  # a LoRA adapter serves: ask vLLM for it, answer under the model's name
+                        finish = partial(_renamed, finish, body.get("model"))
+                    routed = salted(routed, self.cache_epoch)
+                    if routed is not body:
+                        raw = json.dumps(routed).encode()
+                    await self.app(scope, replay(raw, receive), _FinishAnswer(send, finish))
         except GateTimeout as exc:
             await send_error(send, 503, str(exc))
 
-    def _finish(self, payload: dict, step: int, max_tokens: int | None) -> int | None:
-        """Stamp a generated answer, or make it a 400 when its prompt left no room for max_tokens."""
+    def _spans(self, calls: list, n: int, updates: int, choice: int) -> token_steps.Spans | None:
+        """Choice `choice`'s weight-version spans; None when vLLM gave none, which is an error only when an
+        in-flight update happened while the request ran (then its tokens' steps are unknown)."""
+        spans = token_steps.choice_spans(calls, choice, n)
+        if spans is None and self.updates != updates:
+            raise ValueError("an in-flight weight update happened while this request ran, but vLLM reported no "
+                             "weight-version spans for it: its tokens' weight steps are unknown")
+        return spans
+
+    def _finish(self, payload: dict, step: int, max_tokens: int | None, spans=None) -> int | None:
+        """Stamp a generated answer (`spans(choice)`: a choice's weight-version spans, None: all `step`), or make
+        it a 400 when its prompt left no room for max_tokens (a 500 when its tokens' steps are unknown)."""
         prompt_tokens = (payload.get("usage") or {}).get("prompt_tokens")
         if max_tokens is not None and isinstance(prompt_tokens, int):
             overflow = context_overflow(prompt_tokens, max_tokens, self.context_len)
@@ -281,7 +325,12 @@ class PrimeRLMiddleware:
                 return 400
         payload["weight_step"] = step
         lift_prompt_token_ids(payload)
-        stamp_token_weight_steps(payload, step)
+        try:
+            stamp_token_weight_steps(payload, step, spans)
+        except ValueError as exc:
+            payload.clear()
+            payload.update(error_payload(500, str(exc)))
+            return 500
         return None
 
     async def _checked(self, weights: WeightDir) -> None:
@@ -297,10 +346,51 @@ class PrimeRLMiddleware:
             raise UserError(f"adapter in {weights.path} saves {adapter.modules_to_save} in full (modules_to_save), "
                             "which vLLM's LoRA adapters cannot carry: train with trainer.lora.merge = true")
 
-    async def _load(self, scope, weights: WeightDir, step: int) -> None:
-        """Load an update into vLLM (inside the gate): full weights on every worker (pinned to the files checked
-        here), or a LoRA adapter through vLLM's dynamic LoRA route from a private copy of its checked files; either
-        way the previous adapter is unloaded and its copy removed."""
+    async def _load(self, scope, weights: WeightDir, step: int, in_flight: bool = False) -> None:
+        """Load an update into vLLM (inside the gate) and make `step` its weight version: drained, or in flight
+        between a `pause_generation(mode="keep")` and the `resume_generation` (module docstring). A load that
+        fails reloads the weights served before (`_restore`) and raises."""
+        engine = scope["app"].state.engine_client
+        if in_flight:
+            await engine.pause_generation(mode="keep", clear_cache=self.recompute_kv)
+        self.cache_epoch += 1  # vLLM computes nothing now (paused, or drained) until the new weights serve
+        try:
+            try:
+                await self._load_weights(scope, weights, step)
+            except BaseException:
+                if not weights.is_adapter:  # an adapter that fails to load leaves the base weights as they were
+                    await self._restore(engine)
+                raise
+            if in_flight:
+                await engine.update_weight_version(str(step))
+                self.updates += 1
+            elif callable(getattr(engine, "update_weight_version", None)):  # a drained update on vLLM >= 0.32
+                await engine.update_weight_version(str(step))
+        finally:
+            if in_flight:
+                await engine.resume_generation()
+
+    async def _restore(self, engine) -> None:
+        """Reload the full weights served before a failed load (the last directory loaded, else the served
+        checkpoint); when that fails too, the server reports itself broken (/health and generate: 503)."""
+        try:
+            if not self.restorable:
+                raise RuntimeError("the weights served before came over the transfer group and are not kept")
+            if self.restore_from is None:
+                with open_weight_dir(checkpoint_dir(self.access.model_dir)) as served:
+                    await engine.collective_rpc(LOAD_DIR, args=(str(served.path), served.pins()))
+            else:
+                await engine.collective_rpc(LOAD_DIR, args=self.restore_from)
+            await engine.reset_prefix_cache()
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the served weights are now unknown
+            self.broken = f"a weight update failed part-way and the weights served before could not be reloaded " \
+                          f"({first_line(exc)}): restart the server"
+            log.error(self.broken)
+
+    async def _load_weights(self, scope, weights: WeightDir, step: int) -> None:
+        """Full weights on every worker (pinned to the files checked here), or a LoRA adapter through vLLM's
+        dynamic LoRA route from a private copy of its checked files; either way the previous adapter is unloaded
+        and its copy removed."""
         engine = scope["app"].state.engine_client
         previous, previous_copy, name, copy = self.adapter, self.adapter_copy, None, None
         if weights.is_adapter:
@@ -316,8 +406,10 @@ class PrimeRLMiddleware:
                 raise RuntimeError(f"vLLM refused the adapter ({status}): {answer.decode(errors='replace')[:300]}")
         elif weights.is_marker:
             await self._workers(scope, LOAD_PINNED, step)
+            self.restorable = False
         else:
             await engine.collective_rpc(LOAD_DIR, args=(str(weights.path), weights.pins()))
+            self.restore_from, self.restorable = (str(weights.path), weights.pins()), True
         self.adapter, self.adapter_copy = name, copy
         if previous is not None and previous != name:
             status, answer = await call_app(self.app, scope, UNLOAD_PATH, {"lora_name": previous})
@@ -340,35 +432,53 @@ class PrimeRLMiddleware:
             return await send_error(send, 400, f"invalid request: {exc.errors()[0]['msg']}")
         except ValueError as exc:
             return await send_error(send, 400, str(exc))
-        status, payload = await update_weights(body, VLLMLoader(self, scope), self.access.weight_roots, self.gate)
+        loader = VLLMLoader(self, scope, body.in_flight)
+        status, payload = await update_weights(body, loader, self.access.weight_roots, self.gate)
         await send_json(send, status, payload)
 
 
 class VLLMLoader:
     """vLLM's side of `/update_weights` (`inference/update.py`) for one request: check the directory (or pin a
-    marker's transferred weights on every worker), then load it on every worker or as a LoRA adapter; updates
-    always drain (no `in_flight`)."""
+    marker's transferred weights on every worker), then load it on every worker or as a LoRA adapter, drained or
+    (`in_flight`, full weights on vLLM >= 0.32) while requests run."""
 
-    in_flight = False
-
-    def __init__(self, middleware: PrimeRLMiddleware, scope):
-        self.middleware, self.scope = middleware, scope
+    def __init__(self, middleware: PrimeRLMiddleware, scope, in_flight: bool = False):
+        self.middleware, self.scope, self.wants_in_flight = middleware, scope, in_flight
+        self.in_flight_problem = token_steps.in_flight_problem(scope["app"].state.engine_client)
+        self.in_flight = self.in_flight_problem is None
 
     async def stage(self, weights: WeightDir, step: int) -> tuple[int, WeightDir]:
+        if self.wants_in_flight and weights.is_adapter:
+            raise UserError("a LoRA adapter cannot be swapped in flight on vLLM (a running request keeps the adapter "
+                            "it started with): update it drained")
         if weights.is_marker:
             return await self.middleware._pin(self.scope, weights.path, step), weights
         await self.middleware._checked(weights)
         return step, weights
 
     async def apply(self, staged: WeightDir, step: int) -> None:
-        await self.middleware._load(self.scope, staged, step)
+        await self.middleware._load(self.scope, staged, step, self.wants_in_flight)
 
 
-def stamp_token_weight_steps(payload: dict, step: int) -> None:
-    """Every choice's `token_weight_steps`: all `step`, since vLLM's updates drain (`gate.py`)."""
-    for choice in payload.get("choices") or []:
+def stamp_token_weight_steps(payload: dict, step: int, spans=None) -> None:
+    """Every choice's `token_weight_steps`: from its weight-version spans (`spans(choice index)`,
+    `token_steps.token_steps`), or all `step` (the admission step) without them. ValueError: they do not fit."""
+    for position, choice in enumerate(payload.get("choices") or []):
         if isinstance(choice, dict) and isinstance(choice.get("token_ids"), list):
-            choice["token_weight_steps"] = [step] * len(choice["token_ids"])
+            count = len(choice["token_ids"])
+            found = spans(choice.get("index", position)) if spans is not None else None
+            choice["token_weight_steps"] = ([step] * count if found is None
+                                            else token_steps.token_steps(found, count, step))
+
+
+def salted(body: Any, epoch: int) -> Any:
+    """A generate request with `cache_salt` naming the weights' cache epoch it is admitted under (after the client's
+    own salt, if any): vLLM's prefix cache then never serves it blocks computed under older weights."""
+    if not isinstance(body, dict):
+        return body
+    own = body.get("cache_salt")
+    salt = f"e{epoch}" if not isinstance(own, str) or not own else f"{own[:100]}.e{epoch}"
+    return {**body, "cache_salt": salt}
 
 
 def lift_prompt_token_ids(payload: dict) -> None:
