@@ -36,14 +36,14 @@ LOGPROB = -0.5
 class FakeEngineClient:
     """vLLM's engine client as the middleware uses it: `collective_rpc`, `reset_prefix_cache`, `pause_generation`,
     `resume_generation` and `update_weight_version`, recorded (but `update_weight_version`, which `versions` keeps);
-    the first `fail` `collective_rpc` calls raise. `generate` samples `answer` one token per engine step, each
-    labelled with the version set then; with `steps` (a semaphore) each token waits for a release, and none is sampled
-    while paused. Its final output's completions carry `weight_versions` spans as vLLM 0.32's do."""
+    the first `fail` `collective_rpc` calls raise. `generate` samples `answer` one token per engine step (`token_s`
+    apart), each labelled with the version set then; with `steps` (a semaphore) each token waits for a release, and
+    none is sampled while paused. Its final output's completions carry `weight_versions` spans as vLLM 0.32's do."""
 
-    def __init__(self, fail: int = 0, answer: str = ANSWER):
+    def __init__(self, fail: int = 0, answer: str = ANSWER, token_s: float = 0.0):
         self.calls: list[tuple] = []
         self.fail = int(fail)
-        self.answer = answer
+        self.answer, self.token_s = answer, token_s
         self.version = "default"  # vLLM's engine starts with this label
         self.versions: list[str] = []
         self.paused = False
@@ -84,6 +84,7 @@ class FakeEngineClient:
         for _ in token_ids(self.answer)[:max_tokens]:
             if self.steps is not None:
                 await self.steps.acquire()
+            await asyncio.sleep(self.token_s)
             await self._resumed.wait()
             labels.append(self.version)
         spans = [SimpleNamespace(version=v, start=s, end=s + len(list(g)))
