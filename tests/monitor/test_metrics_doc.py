@@ -41,7 +41,7 @@ def code_metrics() -> set[str]:
             if text is not None and METRIC.fullmatch(text):
                 names.add(text)
     # The orchestrator's `_stats` joins a prefix and a statistic, so these are not literals.
-    names |= set(reward_metrics([])) | set(advantage_metrics(torch.zeros(0)))
+    names |= set(reward_metrics([])) | set(advantage_metrics(torch.zeros(0), torch.zeros(0, dtype=torch.bool)))
     return names
 
 

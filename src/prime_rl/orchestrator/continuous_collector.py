@@ -119,7 +119,8 @@ class ContinuousCollector:
         self.finished.put_nowait(item)
 
     def is_stale(self, group: Group, step: int) -> bool:
-        oldest = min(group.policy_step(i) for i in range(len(group.rewards)))
+        """Whether a token of a rollout that trains (a failure left out does not count) is older than the bound."""
+        oldest = min((group.policy_step(i) for i in range(len(group.rewards)) if group.trains(i)), default=step)
         return step - oldest > self.max_async_level
 
     async def collect(self, step: int) -> Collected:
@@ -149,8 +150,9 @@ class ContinuousCollector:
                 continue
             kept.append(item)
         if len(kept) < self.needed:
-            log.warning(f"step {step}: {len(groups)} finished groups held only {len(kept)}/{self.needed} with a "
-                        "nonzero advantage (at most 1 + dynamic_sampling_max_rounds batches' worth are looked at)")
+            log.warning(f"step {step}: {len(groups)} finished groups held only {len(kept)}/{self.needed} that can "
+                        "train (a nonzero advantage when filtering, enough rollouts left after failures; at most 1 + "
+                        "dynamic_sampling_max_rounds batches' worth are looked at)")
         elapsed = time.monotonic() - start
         idle = self.clock.read() - idle_before
         metrics = {

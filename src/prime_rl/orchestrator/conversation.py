@@ -13,7 +13,7 @@ For one draw and `n` rollouts:
 3. a rollout ends when the environment is done, after `max_turns` policy turns, when a
    turn is cut by `sampling.max_tokens` (truncated), or when the next turn would not fit
    `seq_len` (truncated by context: the reply is dropped, `rollout/context_truncated_frac`);
-   an environment failure also ends it (scored 0 by the caller): `respond` raising or timing out,
+   an environment failure also ends it (failed by the caller, under `on_error`): `respond` raising or timing out,
    or answering something other than an `EnvReply` of messages with a string role and
    content, or a reply the chat template cannot render.
 

@@ -16,8 +16,10 @@ def pass_at_k(solved: torch.Tensor) -> float:
     return float(solved.any(dim=1).float().mean()) if solved.numel() else 0.0
 
 
-def _stats(prefix: str, values: list[float], names: tuple[str, ...] = ("mean", "std", "min", "max")) -> dict:
-    t = torch.tensor(values, dtype=torch.float64) if values else torch.zeros(1, dtype=torch.float64)
+def _stats(prefix: str, values: list[float], names: tuple[str, ...] = ("mean", "std", "min", "max"),
+           empty: float = 0.0) -> dict:
+    """<prefix>/<name> of `values`; every one `empty` when there are none."""
+    t = torch.tensor(values, dtype=torch.float64) if values else torch.full((1,), empty, dtype=torch.float64)
     table = {"mean": t.mean(), "std": t.std(correction=0), "min": t.min(), "max": t.max()}
     return {f"{prefix}/{name}": float(table[name]) for name in names}
 
@@ -26,7 +28,7 @@ def reward_metrics(groups: list[Group]) -> dict[str, float]:
     """reward/mean|std|min|max over all rollouts but those left out of training (`Group.trains`: a failure's 0 is
     not a score); reward/<env>/mean and reward/<env>/<component> per env."""
     scored = [(g, i) for g in groups for i in range(len(g.rewards)) if g.trains(i)]
-    metrics = _stats("reward", [g.rewards[i] for g, i in scored])
+    metrics = _stats("reward", [g.rewards[i] for g, i in scored], empty=float("nan"))  # no score: not a 0
     by_env: dict[str, list[float]] = defaultdict(list)
     components: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for g, i in scored:
@@ -94,8 +96,10 @@ def turn_metrics(groups: list[Group]) -> dict[str, float]:
     return metrics
 
 
-def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
-    return _stats("advantage", advantages.flatten().tolist(), ("mean", "std"))
+def advantage_metrics(advantages: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
+    """advantage/mean|std over the rollouts that train (`trained`, bool of the same shape: a failure left out of its
+    group has no advantage)."""
+    return _stats("advantage", advantages[trained].tolist(), ("mean", "std"))
 
 
 def eval_metrics(groups: list[Group], threshold: float) -> dict[str, float]:

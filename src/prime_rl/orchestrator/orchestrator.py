@@ -238,7 +238,8 @@ class Orchestrator:
         if written is not None and c.samples.wandb_interval and step % c.samples.wandb_interval == 0:
             self.tables[step] = summary_rows(written.data.splitlines(), c.samples.wandb_rows)
         total = sum(len(g.rewards) for g in groups)
-        metrics |= reward_metrics(groups) | rollout_metrics(groups, step) | advantage_metrics(advantages)
+        metrics |= reward_metrics(groups) | rollout_metrics(groups, step)
+        metrics |= advantage_metrics(advantages, self.advantages.trained(kept))
         metrics |= {
             "rollout/filtered_frac": 1 - sum(len(g.rewards) for g in kept) / total,
             "rollout/unusable_groups": float(sum(not self.advantages.usable(g) for g in groups)),

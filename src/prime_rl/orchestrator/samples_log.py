@@ -93,7 +93,8 @@ def samples_jsonl(config: SamplesConfig, step: int, groups: list[Group], kept: l
     for index, group in enumerate(groups[:math.ceil(config.fraction * len(groups))]):
         row = rows.get(id(group))
         for rollout in range(len(group.rewards)):
-            record = rollout_record(step, index, group, rollout, None if row is None else row[rollout], len(keys))
+            trains = row is not None and group.trains(rollout)  # a failure left out of its kept group trains nothing
+            record = rollout_record(step, index, group, rollout, row[rollout] if trains else None, len(keys))
             # errors="replace": a lone surrogate in an environment's text becomes "?" instead of failing the step
             line = json.dumps(record, default=str, ensure_ascii=False).encode(errors="replace") + b"\n"
             if len(line) > budget:
@@ -101,7 +102,8 @@ def samples_jsonl(config: SamplesConfig, step: int, groups: list[Group], kept: l
                 continue
             budget -= len(line)
             lines.append(line)
-            keys |= {(id(group), rollout, j): token["key"] for j, token in enumerate(record["tokens"])}
+            if trains:
+                keys |= {(id(group), rollout, j): token["key"] for j, token in enumerate(record["tokens"])}
     if left_out:
         lines.append(json.dumps({"step": step, "left_out": left_out}).encode() + b"\n")
     return SamplesFile(b"".join(lines), keys)

@@ -54,8 +54,8 @@ def csp_hash(text: str) -> str:
 
 
 def reward_curve(run_dir: Path, run: RunSamples) -> list[list[float | None]]:
-    """[step, mean reward] per step: the orchestrator's `reward/mean` from metrics.jsonl (every rollout of the
-    step), else the mean of the step's written rollouts."""
+    """[step, mean reward] per step: the orchestrator's `reward/mean` from metrics.jsonl (every scored rollout of
+    the step), else the mean of the step's written rollouts."""
     tail = MetricsTail(metrics_file(run_dir))
     tail.poll()
     logged = tail.get("orchestrator", "reward/mean")

@@ -786,6 +786,58 @@ def test_an_in_flight_update_that_fails_part_way_leaves_the_old_weights_serving(
     assert "could not be reloaded" in health.json()["error"]["message"] and not engine.paused
 
 
+def test_a_failure_after_the_new_weights_loaded_reloads_the_ones_served_before(tmp_path, served_model):
+    """The workers loaded step 2, then resetting the prefix cache failed: the step stays 1, so the weights of step 1
+    are loaded again (never those of step 2 under step 1's name)."""
+
+    class ResetFailsOnce(FakeEngineClient):
+        resets_to_fail = 0
+
+        async def reset_prefix_cache(self):
+            await super().reset_prefix_cache()
+            if self.resets_to_fail:
+                self.resets_to_fail -= 1
+                raise RuntimeError("engine core died")
+
+    engine = ResetFailsOnce()
+    app, _ = fake_vllm_app(engine)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            first = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1))})
+            engine.resets_to_fail, engine.calls[:] = 1, []
+            bad = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 2)), "in_flight": True})
+            return first, bad, await client.post("/v1/completions", json={"prompt": [5]})
+
+    first, bad, after = asyncio.run(scenario())
+    assert first.status_code == 200 and bad.status_code == 400 and after.json()["weight_step"] == 1
+    loads = [args[0] for method, args in engine.calls if method == "load_weights_from_dir"]
+    assert loads == [str(tmp_path / "step_2"), str(tmp_path / "step_1")] and engine.versions == ["1"]
+
+
+def test_requests_running_across_an_update_that_broke_the_server_are_not_answered_as_served(tmp_path, served_model):
+    """The load fails and so does the reload of the weights before: a request that ran across it answers 503, not
+    tokens of unknown weights, and the scheduler was resumed (nothing hangs)."""
+    engine = FakeEngineClient(answer="abc")
+    app, _ = fake_vllm_app(engine)
+    engine.steps = asyncio.Semaphore(0)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5]}))
+            engine.steps.release()
+            await asyncio.sleep(0.05)
+            engine.fail = 2
+            bad = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
+            for _ in range(2):
+                engine.steps.release()
+            return bad, await running
+
+    bad, running = asyncio.run(scenario())
+    assert bad.status_code == 400 and running.status_code == 503 and not engine.paused
+    assert "could not be reloaded" in running.json()["error"]["message"]
+
+
 def test_an_adapter_is_not_swapped_in_flight_on_vllm(tmp_path, served_model):
     from prime_rl.inference.vllm.middleware import VLLMLoader
 

@@ -34,8 +34,8 @@
   with `token_ids` its `token_weight_steps` (from vLLM's weight-version spans: several steps for a request that
   ran across in-flight updates; all the admission step when none happened), and completions a top-level
   `prompt_token_ids` (vLLM puts it on each choice). Every generate request is salted with the weights'
-  *cache epoch* at its admission (`cache_salt`, after the client's own), which each update advances once vLLM can
-  no longer compute under the old weights (after the pause, or the drain): a request admitted after that never
+  *cache epoch* at its admission (`cache_salt`; a client's own salt is hashed in), which each update advances once
+  vLLM can no longer compute under the old weights (after the pause, or the drain): a request admitted after that never
   reuses a prefix cached under older weights, also while requests that started under them still run (vLLM cannot
   reset the prefix cache then). A request admitted before it may (it belongs to the old weights, as a running
   request's kept KV cache does).
@@ -58,6 +58,7 @@ keeps it independent of the server's internal layout across vLLM versions.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -305,10 +306,13 @@ class PrimeRLMiddleware:
             await send_error(send, 503, str(exc))
 
     def _spans(self, calls: list, n: int, updates: int, choice: int) -> token_steps.Spans | None:
-        """Choice `choice`'s weight-version spans; None when vLLM gave none, which is an error only when an
-        in-flight update happened while the request ran (then its tokens' steps are unknown)."""
+        """Choice `choice`'s weight-version spans when an in-flight update happened while the request ran (else
+        None: every token has the admission step); a ValueError when vLLM gave none then (its tokens' steps are
+        unknown)."""
+        if self.updates == updates:
+            return None
         spans = token_steps.choice_spans(calls, choice, n)
-        if spans is None and self.updates != updates:
+        if spans is None:
             raise ValueError("an in-flight weight update happened while this request ran, but vLLM reported no "
                              "weight-version spans for it: its tokens' weight steps are unknown")
         return spans
@@ -323,6 +327,10 @@ class PrimeRLMiddleware:
                 payload.clear()
                 payload.update(error_payload(400, overflow))
                 return 400
+        if self.broken is not None:  # it ran across an update that left the weights unknown
+            payload.clear()
+            payload.update(error_payload(503, self.broken))
+            return 503
         payload["weight_step"] = step
         lift_prompt_token_ids(payload)
         try:
@@ -354,21 +362,31 @@ class PrimeRLMiddleware:
         if in_flight:
             await engine.pause_generation(mode="keep", clear_cache=self.recompute_kv)
         self.cache_epoch += 1  # vLLM computes nothing now (paused, or drained) until the new weights serve
+        served_before = self.restore_from, self.restorable
         try:
-            try:
-                await self._load_weights(scope, weights, step)
-            except BaseException:
-                if not weights.is_adapter:  # an adapter that fails to load leaves the base weights as they were
-                    await self._restore(engine)
-                raise
-            if in_flight:
+            await self._load_weights(scope, weights, step)
+            if callable(getattr(engine, "update_weight_version", None)):  # vLLM >= 0.32 (always, in flight)
                 await engine.update_weight_version(str(step))
-                self.updates += 1
-            elif callable(getattr(engine, "update_weight_version", None)):  # a drained update on vLLM >= 0.32
-                await engine.update_weight_version(str(step))
+        except BaseException:
+            self.restore_from, self.restorable = served_before
+            if not weights.is_adapter:  # an adapter that fails to load leaves the base weights as they were
+                await self._restore(engine)
+            raise
         finally:
             if in_flight:
-                await engine.resume_generation()
+                await self._resume(engine)
+        if in_flight:
+            self.updates += 1
+
+    async def _resume(self, engine) -> None:
+        """Resume vLLM's scheduler after an in-flight update; if it cannot, the server is broken (it would never
+        answer the requests it holds)."""
+        try:
+            await engine.resume_generation()
+        except Exception as exc:  # noqa: BLE001 - a paused engine serves nothing
+            self.broken = f"vLLM did not resume after a weight update ({first_line(exc)}): restart the server"
+            log.error(self.broken)
+            raise
 
     async def _restore(self, engine) -> None:
         """Reload the full weights served before a failed load (the last directory loaded, else the served
@@ -409,7 +427,7 @@ class PrimeRLMiddleware:
             self.restorable = False
         else:
             await engine.collective_rpc(LOAD_DIR, args=(str(weights.path), weights.pins()))
-            self.restore_from, self.restorable = (str(weights.path), weights.pins()), True
+            self.restore_from, self.restorable = (str(weights.path), weights.pins()), True  # `_load` undoes it
         self.adapter, self.adapter_copy = name, copy
         if previous is not None and previous != name:
             status, answer = await call_app(self.app, scope, UNLOAD_PATH, {"lora_name": previous})
@@ -477,7 +495,9 @@ def salted(body: Any, epoch: int) -> Any:
     if not isinstance(body, dict):
         return body
     own = body.get("cache_salt")
-    salt = f"e{epoch}" if not isinstance(own, str) or not own else f"{own[:100]}.e{epoch}"
+    if not isinstance(own, str) or not own:
+        return {**body, "cache_salt": f"e{epoch}"}
+    salt = f"{hashlib.sha256(own.encode(errors='replace')).hexdigest()}.e{epoch}"  # any salt fits vLLM's 128 chars
     return {**body, "cache_salt": salt}
 
 

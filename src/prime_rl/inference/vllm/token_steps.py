@@ -62,11 +62,12 @@ def record_outputs(engine_client: Any) -> None:
 
 
 async def _keep_spans(outputs: AsyncIterator[Any], into: dict[int, Spans | None]) -> AsyncIterator[Any]:
-    async for output in outputs:
-        if getattr(output, "finished", False):
-            for completion in output.outputs:
-                into[completion.index] = _spans_of(getattr(completion, "weight_versions", None))
-        yield output
+    async with contextlib.aclosing(outputs):  # closed with this one (a client gone): vLLM aborts the request now
+        async for output in outputs:
+            if getattr(output, "finished", False):
+                for completion in output.outputs:
+                    into[completion.index] = _spans_of(getattr(completion, "weight_versions", None))
+            yield output
 
 
 def _spans_of(spans: Any) -> Spans | None:
