@@ -14,6 +14,7 @@ import pytest
 
 from prime_rl.envs import Example, load_env
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
+from prime_rl.orchestrator.collector import Collected
 from prime_rl.orchestrator.config import CurriculumConfig, EnvConfig, OrchestratorConfig
 from prime_rl.orchestrator.curriculum import Curriculum, example_pools
 from prime_rl.orchestrator.draws import ExampleSource
@@ -326,3 +327,23 @@ def test_the_draws_use_their_own_rng_not_the_global_one():
     cur, _ = curriculum()
     random.seed(2)
     assert [cur.draw("data").answer for _ in range(20)] == first
+
+
+def test_groups_dropped_as_stale_still_count_in_the_pass_rates(tmp_path):
+    """A continuous step's groups that finished too late for its batch are scored all the same: the curriculum counts
+    them (an example whose groups always go stale would otherwise stay unseen forever)."""
+    data = write_rows(tmp_path / "d.jsonl", 4)
+    orch = Orchestrator(orchestrator_config(tmp_path, data, curriculum={}), HalfSolved(), OrchestratorState())
+    draws = orch.source.draw(2)
+    groups = asyncio.run(orch.collector.parts.generator.generate(draws, [1, 2]))
+
+    class Collector:
+        async def prepare(self, step, evaluating):
+            pass
+
+        async def collect(self, step):
+            return Collected([], [], {}, stale=groups)
+
+    orch.collector = Collector()
+    generated = asyncio.run(orch.generate(0))
+    assert generated.metrics["curriculum/unseen_frac"] == pytest.approx(1 - len({d.example.answer for d in draws}) / 4)

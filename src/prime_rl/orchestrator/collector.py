@@ -18,7 +18,7 @@ which needs the weights bound too), then `collect(step)`; `stop()` ends the run'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from prime_rl.orchestrator.draws import ExampleSource
@@ -47,6 +47,9 @@ class Collected:
     metrics: dict[str, float]
     """perf/wait_for_weights_s, perf/inference_tokens_per_s, async/inference_idle_frac, and what is particular to
     the mode (continuous: async/stale_groups)."""
+    stale: list[Group] = field(default_factory=list)
+    """Groups that finished too late for the step's batch and were dropped (continuous mode): scored, never trained,
+    in no metric but async/stale_groups; the curriculum still counts their pass rates."""
 
 
 class RolloutCollector(Protocol):

@@ -128,7 +128,7 @@ class ContinuousCollector:
         start, idle_before = time.monotonic(), self.clock.read()
         groups: list[Group] = []
         kept: list[Group] = []
-        stale = 0
+        stale: list[Group] = []
         waited = 0.0
         while len(kept) < self.needed and len(groups) < self.most:
             await self.parts.sync.load_newest(at_most=step)
@@ -143,7 +143,7 @@ class ContinuousCollector:
             if isinstance(item, BaseException):
                 raise item
             if self.is_stale(item, step):
-                stale += 1
+                stale.append(item)
                 continue
             groups.append(item)
             if not self.parts.advantages.usable(item) or (self.filtering and self.parts.advantages.zero([item])[0]):
@@ -157,11 +157,11 @@ class ContinuousCollector:
         idle = self.clock.read() - idle_before
         metrics = {
             "perf/wait_for_weights_s": waited + self.waited,
-            "async/stale_groups": float(stale),
+            "async/stale_groups": float(len(stale)),
             "async/inference_idle_frac": min(1.0, idle / max(elapsed, 1e-9)),
             "perf/inference_tokens_per_s": tokens_per_s(groups, elapsed - idle),
         }
-        return Collected(groups, kept, metrics)
+        return Collected(groups, kept, metrics, stale)
 
     async def stop(self) -> None:
         """Cancel what is still in flight (the run is over)."""

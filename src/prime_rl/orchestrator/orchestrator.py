@@ -208,7 +208,7 @@ class Orchestrator:
             metrics |= self.client.step_metrics()
         curriculum = self.source.curriculum
         if curriculum is not None:  # before the snapshot: a run resumed from it weighs the examples as this one
-            curriculum.observe(collected.groups)
+            curriculum.observe(collected.groups + collected.stale)  # a stale group was scored all the same
             metrics |= curriculum.metrics()
         state = OrchestratorState(step + 1, dict(self.source.cursors), rng_to_json(self.source.rng),
                                   curriculum.state() if curriculum is not None else None)
