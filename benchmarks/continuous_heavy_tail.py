@@ -39,11 +39,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from time_to_reward import WINDOW, read_metrics, time_to_gains  # benchmarks/ is the script's own directory
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV_FILE = Path(__file__).resolve().parent / "heavy_tail_env.py"
 ENV_ID = "heavy-tail-reverse"  # HeavyTailReverse.id: the metrics are reward/heavy-tail-reverse/<component>
 FIRST = f"reward/{ENV_ID}/first"
-WINDOW = 5
 PROGRESS_S = 30.0  # at most one progress line per mode this often
 MEDIANS = {
     "orchestrator": ("async/inference_idle_frac", "perf/step_time_s", "perf/wait_for_weights_s", "rollout/turns_mean",
@@ -82,17 +83,6 @@ def write_config(path: Path, args: argparse.Namespace, mode: str, output_dir: Pa
         "args = {" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_args.items()) + "}",
         "",
     ]))
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The metrics lines of `path` (none if it does not exist yet; a line still being written is skipped)."""
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -184,21 +174,6 @@ def step0_start(rows: list[dict]) -> float | None:
     return steps[0]["time"] - steps[0].get("perf/step_time_s", 0.0) if steps else None
 
 
-def time_to_gains(rows: list[dict], start: float, baseline: float, gains: list[float]) -> dict[str, float | None]:
-    """Seconds from `start` to the first step whose 5-step running mean of the first-turn reward reaches
-    baseline + gain, for each gain (None: never)."""
-    steps = [r for r in orchestrator_steps(rows) if FIRST in r]
-    values = [r[FIRST] for r in steps]
-    reached: dict[str, float | None] = {}
-    for gain in gains:
-        reached[f"+{gain:.2f}"] = None
-        for i, row in enumerate(steps):
-            if statistics.fmean(values[max(0, i - WINDOW + 1):i + 1]) >= baseline + gain:
-                reached[f"+{gain:.2f}"] = round(row["time"] - start, 1)
-                break
-    return reached
-
-
 def markdown(results: list[dict], gains: list[float]) -> str:
     columns = [*TABLE[:4], *((f"to +{g:.2f} s", f"+{g:.2f}") for g in gains), *TABLE[4:]]
 
@@ -249,8 +224,8 @@ def main() -> None:
     results = []
     for result, rows, start in runs:
         result = {**result, "baseline_first_turn": round(baseline, 4),
-                  "time_to_gain_s": time_to_gains(rows, step0_start(rows), baseline, gains),
-                  "time_to_gain_from_launch_s": time_to_gains(rows, start, baseline, gains)}
+                  "time_to_gain_s": time_to_gains(rows, step0_start(rows), gains, FIRST, baseline),
+                  "time_to_gain_from_launch_s": time_to_gains(rows, start, gains, FIRST, baseline)}
         print(json.dumps(result), flush=True)
         results.append(result)
     print(markdown(results, gains), flush=True)

@@ -37,21 +37,30 @@ PER_STEP = {
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The metrics lines of `path` (none if it does not exist yet; a line still being written is skipped)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
-def time_to_gains(rows: list[dict], start: float, gains=GAINS) -> dict[str, float | None]:
-    """Seconds from `start` to the first orchestrator step whose running-mean gain reaches each of `gains`."""
-    steps = sorted((r for r in rows if r["source"] == "orchestrator" and "reward/mean" in r), key=lambda r: r["step"])
+def time_to_gains(rows: list[dict], start: float, gains=GAINS, metric: str = "reward/mean",
+                  baseline: float | None = None) -> dict[str, float | None]:
+    """Seconds from `start` to the first orchestrator step whose WINDOW-step running mean of `metric` reaches
+    baseline + gain, for each of `gains` (None: never); the baseline is the first step's value unless given."""
+    steps = sorted((r for r in rows if r.get("source") == "orchestrator" and metric in r), key=lambda r: r["step"])
     if not steps:
         return {f"+{g:.2f}": None for g in gains}
-    rewards = [r["reward/mean"] for r in steps]
-    first = rewards[0]
+    values = [r[metric] for r in steps]
+    first = values[0] if baseline is None else baseline
     reached: dict[str, float | None] = {}
     for gain in gains:
         reached[f"+{gain:.2f}"] = None
         for i, row in enumerate(steps):
-            window = rewards[max(0, i - WINDOW + 1):i + 1]
+            window = values[max(0, i - WINDOW + 1):i + 1]
             if statistics.fmean(window) - first >= gain:
                 reached[f"+{gain:.2f}"] = round(row["time"] - start, 1)
                 break
