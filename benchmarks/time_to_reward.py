@@ -48,10 +48,10 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def time_to_gains(rows: list[dict], start: float, gains=GAINS, metric: str = "reward/mean",
-                  baseline: float | None = None) -> dict[str, float | None]:
-    """Seconds from `start` to the first orchestrator step whose WINDOW-step running mean of `metric` reaches
-    baseline + gain, for each of `gains` (None: never); the baseline is the first step's value unless given."""
-    steps = sorted((r for r in rows if r.get("source") == "orchestrator" and metric in r), key=lambda r: r["step"])
+                  baseline: float | None = None, source: str = "orchestrator") -> dict[str, float | None]:
+    """Seconds from `start` to the first step (of `source`'s lines) whose WINDOW-step running mean of `metric`
+    reaches baseline + gain, for each of `gains` (None: never); the baseline is the first step's value unless given."""
+    steps = sorted((r for r in rows if r.get("source") == source and metric in r), key=lambda r: r["step"])
     if not steps:
         return {f"+{g:.2f}": None for g in gains}
     values = [r[metric] for r in steps]
@@ -67,8 +67,10 @@ def time_to_gains(rows: list[dict], start: float, gains=GAINS, metric: str = "re
     return reached
 
 
-def summarize(rows: list[dict], start: float, end: float) -> dict:
-    steps = sorted((r for r in rows if r["source"] == "orchestrator" and "reward/mean" in r), key=lambda r: r["step"])
+def summarize(rows: list[dict], start: float, end: float, source: str = "orchestrator") -> dict:
+    """The run's wall time, first step, rewards and times to GAINS from `source`'s reward/mean lines; medians of
+    PER_STEP's metrics."""
+    steps = sorted((r for r in rows if r["source"] == source and "reward/mean" in r), key=lambda r: r["step"])
     rewards = [r["reward/mean"] for r in steps]
     result = {
         "wall_s": round(end - start, 1),
@@ -76,7 +78,7 @@ def summarize(rows: list[dict], start: float, end: float) -> dict:
         "steps": len(rewards),
         "first_reward": round(rewards[0], 4) if rewards else None,
         "final_reward_last5": round(statistics.fmean(rewards[-WINDOW:]), 4) if rewards else None,
-        "time_to_gain_s": time_to_gains(rows, start),
+        "time_to_gain_s": time_to_gains(rows, start, source=source),
     }
     for source, keys in PER_STEP.items():
         for key in keys:

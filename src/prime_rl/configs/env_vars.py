@@ -38,6 +38,7 @@ INTERNAL_ENV_VARS = frozenset({
     "PRIME_JUDGE_BASE_URL",  # envs.judge.RL_JUDGE_ENV, the judge server rl starts ([judge])
     "PRIME_JUDGE_MODEL",
     "PRIME_JUDGE_API_KEY",
+    "PRIME_START_GATE",  # utils.start_gate.START_GATE_ENV, set for a child rl starts gated (the orchestrator)
 })
 """Variables prime-rl sets for its own processes; never config keys (a unit test finds any new one in src/)."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prime_rl.utils.process_groups import die_with_parent, signal_group
+from prime_rl.utils.start_gate import START_GATE_ENV
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Child:
     command: list[str]
     log_path: Path
     env: dict[str, str] = field(repr=False)  # holds the run's inference API key
+    gated: bool = False  # its stdin is a pipe it waits on until `open_gate` (utils.start_gate)
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -31,11 +33,23 @@ class Child:
                 self.command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
+                stdin=subprocess.PIPE if self.gated else subprocess.DEVNULL,
+                env={**self.env, START_GATE_ENV: "stdin"} if self.gated else self.env,
                 start_new_session=True,
                 preexec_fn=die_with_parent(signal.SIGTERM),
             )
+
+    def open_gate(self) -> None:
+        """Let a gated child go on: one line on its stdin, then end of input. Nothing for a child that is not gated,
+        not started, already let go, or already exited."""
+        pipe = None if self.process is None else self.process.stdin
+        if pipe is None or pipe.closed:
+            return
+        try:
+            pipe.write(b"go\n")
+            pipe.close()
+        except OSError:  # it exited meanwhile (a broken pipe): supervision reports why
+            pass
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()

@@ -53,6 +53,7 @@ from prime_rl.utils.logging import LOG_FILE_BY_PARENT_ENV
 from prime_rl.utils.net import server_root
 
 POLL_S = 0.25
+HEALTH_POLL_S = 0.1  # the orchestrator starts once the server answers: every 0.1 s waited delays the first step
 
 
 class ComponentFailed(PrimeError):
@@ -71,7 +72,7 @@ def wait_for_health(url: str, child: Child | None, timeout_s: float, run_dir: Pa
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
-        time.sleep(0.5)
+        time.sleep(HEALTH_POLL_S)
     where = f" (see {child.log_path})" if child is not None else " (deployment.startup_timeout_s)"
     raise ComponentFailed(f"inference server did not answer {url} within {timeout_s:.0f}s{where}")
 
@@ -197,7 +198,8 @@ def launch(config: RLConfig) -> None:
     children = {
         name: Child(name, commands[name], log_file(base, name),
                     child_env(plan.devices[name],
-                              plan.key_env.get(name, plan.key_env["inference"] if is_server(name) else None)))
+                              plan.key_env.get(name, plan.key_env["inference"] if is_server(name) else None)),
+                    gated=name == "orchestrator")
         for name in commands
     }
     signal.signal(signal.SIGTERM, _interrupt)
@@ -210,8 +212,9 @@ def launch(config: RLConfig) -> None:
         console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {log_file(base, 'rl').parent}")
         if resumed is not None:
             console.print(f"resuming after step {resumed} (checkpoints/step_{resumed})")
-        # The trainer needs nothing from the server: it starts (imports, loads the model) meanwhile.
-        for name in (*plan.servers, *SIDE_SERVERS, "trainer"):
+        # The trainer needs nothing from the server: it starts (imports, loads the model) meanwhile. So does the
+        # orchestrator, up to its gate (utils.start_gate): it connects once every server answers.
+        for name in (*plan.servers, *SIDE_SERVERS, "trainer", "orchestrator"):
             if name in children:
                 children[name].start()
         waits = [(name, f"http://{server.host}:{server.port}/health", children[name])
@@ -222,7 +225,7 @@ def launch(config: RLConfig) -> None:
             console.print(f"waiting for the {name} server ({health}) ...")
             wait_for_health(health, child, config.deployment.startup_timeout_s, config.output_dir)
         if "orchestrator" in children:
-            children["orchestrator"].start()
+            children["orchestrator"].open_gate()
         if not owner and "orchestrator" not in children:
             console.print(f"serving at http://{config.inference.host}:{config.inference.port}/v1 until the trainer "
                           "elsewhere logs its last step (Ctrl-C stops it sooner)")

@@ -68,6 +68,7 @@ from prime_rl.run_dir import log_file, resolve_resume_step, rollouts_root
 from prime_rl.samples_summary import COLUMNS, summary_rows
 from prime_rl.utils.fs import remove_steps_from
 from prime_rl.utils.logging import get_logger, setup_logging
+from prime_rl.utils.start_gate import wait_at_start_gate
 
 EVAL_SEED_OFFSET = 1_000_003  # eval examples come from a different stream than training ones
 CONSOLE_KEYS = ("reward/mean", "advantage/std", "rollout/filtered_frac", "async/policy_lag_mean", "perf/step_time_s")
@@ -321,6 +322,7 @@ async def run(config: OrchestratorConfig) -> None:
 
 def body(config: OrchestratorConfig) -> None:
     setup_logging("orchestrator", log_file(config.output_dir, "orchestrator"))
+    wait_at_start_gate()  # started by rl with the server: imported meanwhile, it goes on once the server answers
     asyncio.run(run(config))
 
 

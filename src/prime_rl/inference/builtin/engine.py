@@ -50,7 +50,7 @@ from prime_rl.inference.builtin.kv_cache import (
     PrefixStore,
     left_padded,
     position_ids,
-    row_cache,
+    row_caches,
     shared_prefixes,
     stacked_cache,
     take_rows,
@@ -436,32 +436,38 @@ class Engine:
 
     def _retire(self) -> None:
         """Finish sequences that hit EOS, a stop string or their length; shrink the batch."""
-        keep = []
+        gone, finished = [], []
         for row, seq in enumerate(self._seqs):
             if seq.failed:  # its request already failed (`fail_rows`): the row just leaves
+                gone.append(row)
                 continue
             done = seq.finished(self.tokenizer, self.eos_ids)
-            if done is None:
-                keep.append(row)
-            else:
+            if done is not None:
                 seq.complete(*done)
-                self._store(row, seq)
-        if len(keep) == len(self._seqs):
+                finished.append((row, seq))
+                gone.append(row)
+        self._store(finished)
+        if not gone:
             return
-        self._batch.keep(keep)
-        self._seqs = [self._seqs[i] for i in keep]
-        self._next = self._next[torch.tensor(keep)] if keep else None
+        order = self._batch.retire(gone)
+        self._seqs = [self._seqs[i] for i in order]
+        self._next = self._next[torch.tensor(order)] if order else None
 
-    def _store(self, row: int, seq: Seq) -> None:
-        """Keep a finished sequence's cache for a prompt that continues it: its prompt and every sampled token but
-        the last (never fed), all computed under the current weights (none kept across an update; none for a
-        scoring request, which no turn continues)."""
-        if not self.prefixes.capacity or seq.request.params.prompt_logprobs or seq.start_step != self.weight_step:
+    def _store(self, finished: list[tuple[int, Seq]]) -> None:
+        """Keep finished sequences' caches (their rows of the batch) for prompts that continue them: each one's
+        prompt and every sampled token but the last (never fed), all computed under the current weights (none kept
+        across an update; none for a scoring request, which no turn continues)."""
+        if not self.prefixes.capacity:
             return
-        ids = seq.request.prompt_ids + seq.token_ids[:-1]
-        layers = row_cache(self._batch.cache, self._batch.mask, row)
-        if layers[0][0].shape[1] == len(ids):
-            self.prefixes.save(ids, layers)
+        kept = [(row, seq) for row, seq in finished
+                if not seq.request.params.prompt_logprobs and seq.start_step == self.weight_step]
+        if not kept:
+            return
+        for (_, seq), layers in zip(kept, row_caches(self._batch.cache, self._batch.mask, [r for r, _ in kept]),
+                                    strict=True):
+            ids = seq.request.prompt_ids + seq.token_ids[:-1]
+            if layers[0][0].shape[1] == len(ids):
+                self.prefixes.save(ids, layers)
 
     def _fail_all(self, exc: Exception, admitted: list[Request]) -> None:
         for request in [seq.request for seq in self._seqs] + admitted:

@@ -12,8 +12,8 @@ sequence i) and its attention mask [B, width] (1 = real token). Invariants, kept
 - Position ids count only real tokens (`position_ids`): a row's first real token is position 0 however much
   padding precedes it (padding gets position 0; it is masked anyway).
 
-So a row computes what it would compute alone. When rows retire (`BatchCache.keep`), the leading columns that
-are padding in every remaining row are dropped.
+So a row computes what it would compute alone. When rows retire (`BatchCache.retire`), the last rows move into
+their places and the leading columns that are padding in every remaining row are dropped.
 
 Within one prefill, prompts that share a prefix (the samples of one prompt a teacher scores) are prefilled once:
 `shared_prefixes` groups them, and `Engine._prefill_shared` runs each group's prefix, copies its rows to every
@@ -44,9 +44,10 @@ LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 class PrefixStore:
     """Finished sequences' caches by their token ids, least recently used first out, within `capacity_bytes`
-    (0: nothing is kept). `longest(prompt)` finds the longest stored id list the prompt starts with: an exact
-    byte-prefix lookup per stored length, longest first. Entries hold keys and values computed under one weight
-    step: the engine clears the store when its weights change."""
+    (0: nothing is kept; each entry counts its own keys and values: entries copied out together, `row_caches`,
+    share one tensor, which is freed with the last of them). `longest(prompt)` finds the longest stored id list
+    the prompt starts with: an exact byte-prefix lookup per stored length, longest first. Entries hold keys and
+    values computed under one weight step: the engine clears the store when its weights change."""
 
     def __init__(self, capacity_bytes: int):
         self.capacity = capacity_bytes
@@ -105,10 +106,24 @@ class PrefixStore:
         self.bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
 
 
-def row_cache(cache: DynamicCache, mask: torch.Tensor, row: int) -> LayerKV:
-    """Row `row`'s keys and values at its real positions (mask 1), copied out of the batch's cache."""
-    columns = mask[row].nonzero()[:, 0].to(cache.layers[0].keys.device)
-    return [(layer.keys[row, :, columns].clone(), layer.values[row, :, columns].clone()) for layer in cache.layers]
+def row_caches(cache: DynamicCache, mask: torch.Tensor, rows: list[int]) -> list[LayerKV]:
+    """Each of `rows`' keys and values at its real positions (mask 1), copied out of the batch's cache by one
+    gather per layer and kind: the rows' real positions packed one after another ([N, H, D], N their total), each
+    row's part a view [H, L, D] of that copy. A finished step's rows are copied out together this way (one gather
+    instead of two copies per row and layer: the builtin engine's retire step), so they share one tensor."""
+    masks = mask[rows].bool()
+    which, columns = masks.nonzero(as_tuple=True)  # row by row, each row's columns in order
+    device = cache.layers[0].keys.device
+    batch_rows = torch.tensor(rows)[which].to(device)
+    columns = columns.to(device)
+    lengths = masks.sum(dim=1).tolist()
+    parts: list[LayerKV] = [[] for _ in rows]
+    for layer in cache.layers:
+        keys = layer.keys[batch_rows, :, columns].split(lengths)  # each [L, H, D]
+        values = layer.values[batch_rows, :, columns].split(lengths)
+        for part, k, v in zip(parts, keys, values, strict=True):
+            part.append((k.transpose(0, 1), v.transpose(0, 1)))
+    return parts
 
 
 def stacked_cache(rows: list[LayerKV | None], width: int) -> tuple[DynamicCache, torch.Tensor]:
@@ -165,17 +180,38 @@ class BatchCache:
         self.mask = torch.cat([self.mask, torch.ones((len(self), 1), dtype=torch.long)], dim=1)
         return self.mask
 
-    def keep(self, rows: list[int]) -> None:
-        """Keep the rows `rows` (in that order) and retire the others, dropping the leading columns that are
-        padding in every kept row. No row: empty."""
-        if not rows:
+    def retire(self, rows: list[int]) -> list[int]:
+        """Drop the rows `rows` and the leading columns that are padding in every row left; return, for each row
+        left in its new place, its old index (the engine reorders its sequences the same way). The rows left keep
+        their data but not their order: the last rows move into the places freed, so a step that retires a few
+        rows copies those few, not the batch. No row left: empty."""
+        gone = set(rows)
+        size = len(self)
+        left = size - len(gone)
+        if left == 0:
             self.reset()
-            return
-        index = torch.tensor(rows)
-        self.mask = self.mask[index]
-        start = int(self.mask.any(dim=0).nonzero()[0])
-        self.mask = self.mask[:, start:]
-        take_rows(self.cache, index, start)
+            return []
+        holes = sorted(row for row in gone if row < left)
+        movers = [row for row in range(left, size) if row not in gone]  # as many as the holes
+        order = list(range(left))
+        if holes:
+            into, source = torch.tensor(holes), torch.tensor(movers)
+            self._move_rows(into, source)
+            for hole, mover in zip(holes, movers, strict=True):
+                order[hole] = mover
+        start = int(self.mask[:left].any(dim=0).nonzero()[0])
+        self.mask = self.mask[:left, start:]
+        for layer in self.cache.layers:  # views: the next decode step's forward copies the cache anyway
+            layer.keys, layer.values = layer.keys[:left, :, start:], layer.values[:left, :, start:]
+        return order
+
+    @torch.inference_mode()  # the engine's forwards made the cache's tensors under it: writes into them need it
+    def _move_rows(self, into: torch.Tensor, source: torch.Tensor) -> None:
+        """Rows `source` copied onto rows `into`, in the cache and the mask."""
+        for layer in self.cache.layers:
+            layer.keys[into.to(layer.keys.device)] = layer.keys[source.to(layer.keys.device)]
+            layer.values[into.to(layer.values.device)] = layer.values[source.to(layer.values.device)]
+        self.mask[into] = self.mask[source]
 
     def reset(self) -> None:
         """Drop every row."""
@@ -199,11 +235,11 @@ def left_padded(prompts: list[list[int]], width: int, pad_id: int) -> tuple[torc
     return ids, mask
 
 
-def take_rows(cache: DynamicCache, rows: torch.Tensor, start: int = 0) -> None:
-    """Keep the cache rows `rows` (in that order; a row may repeat) and its positions from `start` on."""
+def take_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keep the cache rows `rows` (in that order; a row may repeat: the n choices of one prompt)."""
     index = rows.to(cache.layers[0].keys.device)
     for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[index, :, start:], layer.values[index, :, start:]
+        layer.keys, layer.values = layer.keys[index], layer.values[index]
 
 
 def left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
