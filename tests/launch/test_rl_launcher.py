@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,27 @@ def test_rl_on_vllm_in_continuous_mode_swaps_weights_in_flight(tmp_path, lag, kv
     assert all(orchestrator[step]["async/token_lag_max"] <= lag for step in range(4)), orchestrator
     if lag == 0:
         assert all(abs(trainer[step]["loss/mismatch_kl"]) < 1e-6 for step in range(4)), trainer
+
+
+def test_a_server_that_dies_at_start_stops_the_run_and_the_orchestrator_waiting_at_its_gate(tmp_path, tiny_model_dir):
+    """rl starts the orchestrator with the server (it imports, then waits for rl to open its gate): when the
+    server dies before answering /health, rl reports the server, and the gated orchestrator, which never
+    connected, is stopped with everything else."""
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    log = tmp_path / "rl.log"
+    proc = start_rl(small_run_config(tmp_path, broken, 3), log)
+    seen: dict[int, str] = {}  # every process of rl's tree while rl lives, with its command line
+    while proc.poll() is None:
+        for pid in descendants(proc.pid) - seen.keys():
+            seen[pid] = cmdline(pid)
+        time.sleep(0.05)
+    tree = set(seen)
+    assert proc.returncode not in (0, None)
+    assert any(MODULES["orchestrator"] in line for line in seen.values()), seen  # it was started with the server
+    text = log.read_text()
+    assert "inference" in text and "exited" in text, text[-2000:]
+    assert not alive(tree), [cmdline(p) for p in alive(tree)]
+    orchestrator_log = tmp_path / "run" / "logs" / "orchestrator.log"
+    assert not orchestrator_log.exists() or "serve" not in orchestrator_log.read_text()
