@@ -18,22 +18,19 @@ slower here) and the whole batch in one micro-batch.
 
 Writes `metrics.jsonl` in --output-dir, one line per step as the orchestrator writes ours: {"source": "trl",
 "step", "time" (when the batch's rewards were computed, as our orchestrator logs a step when its batch is scored),
-"reward/mean"}. The first line, {"source": "trl", "event": "start", "time"}, is this process's start, before any
-import.
+"reward/mean"}.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import statistics
 import time
-
-STARTED = time.time()
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
 PROMPTS_PER_STEP = 64
 COMPLETIONS_PER_PROMPT = 8
@@ -56,30 +53,27 @@ def main() -> None:
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
     metrics = (args.output_dir / "metrics.jsonl").open("w")
-    metrics.write(json.dumps({"source": "trl", "event": "start", "time": STARTED}) + "\n")
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(args.seed)
 
     env = load_env("reverse-text")
     draws = env.examples(seed=args.seed)
     rows = [next(draws) for _ in range(PROMPTS_PER_STEP * args.max_steps)]
-    dataset = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer} for e in rows])
-    by_answer = {e.answer: e for e in rows}
+    dataset = Dataset.from_list([{"prompt": e.prompt, "example": i} for i, e in enumerate(rows)])
+    steps = itertools.count()
 
-    def reverse_text_reward(completions, answer, **kwargs) -> list[float]:
+    def reverse_text_reward(completions, example, **kwargs) -> list[float]:
+        """The environment's score of each completion (TRL passes the dataset's columns by name)."""
         async def score_all():
-            return await asyncio.gather(*(env.score(by_answer[a], completion[0]["content"])
-                                          for a, completion in zip(answer, completions, strict=True)))
+            return await asyncio.gather(*(env.score(rows[i], completion[0]["content"])
+                                          for i, completion in zip(example, completions, strict=True)))
 
         rewards = [r.total for r in asyncio.run(score_all())]
-        step = len(steps)
-        steps.append(step)
-        metrics.write(json.dumps({"source": "trl", "step": step, "time": time.time(),
+        metrics.write(json.dumps({"source": "trl", "step": next(steps), "time": time.time(),
                                   "reward/mean": statistics.fmean(rewards)}) + "\n")
         metrics.flush()
         return rewards
 
-    steps: list[int] = []
     model_dir = resolve_model_path("tiny-reverse-text")
     batch = PROMPTS_PER_STEP * COMPLETIONS_PER_PROMPT
     config = GRPOConfig(
@@ -98,7 +92,6 @@ def main() -> None:
         train_dataset=dataset,
     )
     trainer.train()
-    metrics.write(json.dumps({"source": "trl", "event": "end", "time": time.time()}) + "\n")
     metrics.close()
 
 

