@@ -153,6 +153,77 @@ def test_in_flight_update_neither_waits_for_nor_holds_requests_but_waits_for_oth
     assert events[-2:] == [("load", 3, 1), ("old ends", 0)] and step == 3
 
 
+def test_a_hurried_drain_calls_hurry_until_the_running_requests_end_and_never_interrupts_it():
+    """vLLM's abort (`vllm/abort.py`): called at once and again every HURRY_S while requests run (a request that ends
+    meanwhile waits for the call in progress to return); new requests wait; none is called once drained."""
+    async def scenario():
+        gate = WeightGate(step=0, timeout_s=5)
+        events, remaining = [], [3]
+        release = asyncio.Event()
+
+        async def hurry():
+            events.append("hurry starts")
+            await asyncio.sleep(0.01)
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                release.set()  # the running request ends while this call is not done yet
+            await asyncio.sleep(0.01)
+            events.append("hurry ends")
+
+        async def running():
+            async with gate.request():
+                await release.wait()
+            events.append("request ends")
+
+        async def update():
+            async with gate.update(1, hurry=hurry):
+                events.append(("load", gate.active))
+
+        async def new_request():
+            async with gate.request() as step:
+                events.append(("new", step))
+
+        tasks = [asyncio.create_task(running())]
+        await asyncio.sleep(0.01)
+        tasks += [asyncio.create_task(update())]
+        await asyncio.sleep(0.005)
+        tasks += [asyncio.create_task(new_request())]
+        await asyncio.gather(*tasks)
+        return events
+
+    events = asyncio.run(scenario())
+    assert events == ["hurry starts", "hurry ends"] * 3 + ["request ends", ("load", 0), ("new", 1)]
+
+
+def test_a_hurry_that_fails_fails_the_update_and_reopens_the_gate():
+    async def scenario():
+        gate = WeightGate(step=2, timeout_s=5)
+
+        async def hurry():
+            raise RuntimeError("vLLM could not pause")
+
+        release = asyncio.Event()
+
+        async def running():
+            async with gate.request():
+                await release.wait()
+
+        task = asyncio.create_task(running())
+        await asyncio.sleep(0.01)
+        with pytest.raises(RuntimeError, match="could not pause"):
+            async with gate.update(3, hurry=hurry):
+                pass
+        async with gate.request() as step:  # not held, the step unchanged
+            assert step == 2
+        release.set()
+        await task
+        async with gate.update(3, hurry=hurry):  # nothing runs: nothing to hurry
+            pass
+        return gate.step
+
+    assert asyncio.run(scenario()) == 3
+
+
 def test_failed_update_keeps_the_step_and_timeouts_are_errors():
     async def scenario():
         gate = WeightGate(step=4, timeout_s=0.05)
@@ -163,6 +234,13 @@ def test_failed_update_keeps_the_step_and_timeouts_are_errors():
         async with gate.request():
             with pytest.raises(GateTimeout, match="in-flight requests"):
                 async with gate.update(6):
+                    pass
+
+            async def hurry():  # it ends nothing
+                pass
+
+            with pytest.raises(GateTimeout, match="in-flight requests"):
+                async with gate.update(6, hurry=hurry):
                     pass
         assert gate.step == 4
         async with gate.request() as step:  # the gate reopened after the timeout

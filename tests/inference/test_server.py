@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import math
 import shutil
 import socket
 import time
+from functools import partial
 
 import httpx
 import pytest
@@ -24,6 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from prime_rl.inference.builtin.engine import Engine, SamplingParams
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.models.tiny_model import save_random_model
+from prime_rl.orchestrator.client import InferenceClient
+from prime_rl.orchestrator.config import ClientConfig
 from prime_rl.trainer.model import compute_logprobs
 from tests.support.inference_server import (
     VLLM_CPU_ARGS,
@@ -412,13 +416,22 @@ def vllm_model_dir(tmp_path_factory):
     return save_random_model(tmp_path_factory.mktemp("vllm_model"), seed=0, **VLLM_MODEL)
 
 
+@contextlib.contextmanager
+def running_vllm(model_dir, tmp_path_factory, weight_root, *extra: str):
+    """A vLLM server (vllm-cpu's settings, `extra` arguments) that loads updates from `weight_root`: its URL."""
+    log_path = tmp_path_factory.mktemp("vllm") / "inference.log"
+    proc, url = start_server(model_dir, log_path, "vllm", free_port(), 600, *VLLM_CPU_ARGS, *extra,
+                             *weight_dirs_args(weight_root))
+    try:
+        yield url
+    finally:
+        stop_server(proc)
+
+
 @pytest.fixture(scope="module")
 def vllm_server(vllm_model_dir, tmp_path_factory, weight_root):
-    log_path = tmp_path_factory.mktemp("vllm") / "inference.log"
-    proc, url = start_server(vllm_model_dir, log_path, "vllm", free_port(), 600, *VLLM_CPU_ARGS,
-                             *weight_dirs_args(weight_root))
-    yield url
-    stop_server(proc)
+    with running_vllm(vllm_model_dir, tmp_path_factory, weight_root) as url:
+        yield url
 
 
 @pytest.mark.vllm
@@ -522,6 +535,144 @@ def test_vllm_swaps_weights_in_flight_and_reports_each_tokens_step(vllm_server, 
         assert len(steps) == len(choice["token_ids"]) == 240
         assert steps == sorted(steps) and steps[0] == served and len(set(steps)) >= 3, steps
         assert set(steps) <= {served, *range(5, 5 + len(updates))}
+
+
+@pytest.fixture(scope="module")
+def vllm_resubmit_server(vllm_model_dir, tmp_path_factory, weight_root):
+    """A vLLM server whose in-flight updates abort the running requests (`vllm.in_flight_kv = "resubmit"`)."""
+    with running_vllm(vllm_model_dir, tmp_path_factory, weight_root, "--vllm.in-flight-kv", "resubmit") as url:
+        yield url
+
+
+class EndlessClient(InferenceClient):
+    """The orchestrator's client, asking vLLM to ignore EOS (every piece of an answer then runs to its limit)."""
+
+    async def _request(self, method, url, payload=None):
+        if isinstance(payload, dict) and "max_tokens" in payload:
+            payload = payload | {"ignore_eos": True}
+        return await super()._request(method, url, payload)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_aborts_at_in_flight_updates_and_the_client_resubmits_each_token_under_its_weights(
+        vllm_resubmit_server, vllm_model_dir, weight_root):
+    """Two in-flight updates while 4 answers of 200 tokens sample: vLLM aborts them at each, and the orchestrator's
+    client sends each one's prompt plus its tokens again. Each joined answer has its 200 tokens, steps that run
+    through the served one and the updates' in order, and every piece's logprobs are the trainer's under the weights
+    of its step, the first piece's given the prompt, the last piece's given the prompt and every earlier token (it
+    was prefilled again under the new weights)."""
+    dirs = {s: save_random_model(weight_root / "resubmit" / f"step_{s}", seed=s, **VLLM_MODEL) for s in (21, 22)}
+    prompt = [5, 6, 7, 8]
+
+    async def scenario():
+        config = ClientConfig(base_url=f"{vllm_resubmit_server}/v1", timeout_s=300)
+        async with EndlessClient(config) as client:
+            await client.wait_ready()
+            served = await client.served_step()
+            running = asyncio.create_task(client.complete(prompt, 4, SamplingRule(1.0), 200, seed=3))
+            deadline = time.monotonic() + 60
+            while not await asyncio.to_thread(vllm_running, vllm_resubmit_server) and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            updates = []
+            for step, path in dirs.items():
+                updates.append(await client.update_weights(str(path), step, in_flight=True))
+                await asyncio.sleep(0.3)
+            return served, updates, await running
+
+    served, updates, result = asyncio.run(scenario())
+    assert updates == [21, 22]
+    weights_of = {served: vllm_model_dir, **dirs}
+    spanning = 0
+    for completion in result.completions:
+        steps, ids, logprobs = completion.weight_steps, completion.token_ids, completion.logprobs
+        assert len(ids) == len(steps) == 200 and completion.finish_reason == "length"
+        assert steps == sorted(steps) and steps[0] == served and set(steps) <= set(weights_of), steps
+        first_end, last_start = steps.count(steps[0]), steps.index(steps[-1])  # steps are sorted
+        assert_matches(weights_of[steps[0]], prompt, ids[:first_end], logprobs[:first_end], 1.0)
+        if last_start > 0:
+            spanning += 1
+            assert_matches(weights_of[steps[-1]], prompt + ids[:last_start], ids[last_start:], logprobs[last_start:],
+                           1.0)
+    assert spanning >= 1, "no answer ran across an update"
+
+
+@pytest.fixture(scope="module")
+def vllm_lora_server(vllm_model_dir, tmp_path_factory, weight_root):
+    """A vLLM server that serves LoRA adapter updates of rank <= 8."""
+    with running_vllm(vllm_model_dir, tmp_path_factory, weight_root, "--vllm.max-lora-rank", "8") as url:
+        yield url
+
+
+ADAPTED = ("q_proj", "v_proj")
+
+
+def random_adapter(path, model_dir, seed: int, rank: int = 8, alpha: float = 16.0):
+    """A peft LoRA adapter of `rank` on every layer's q_proj and v_proj of the model in `model_dir`, with random A
+    and B (it changes the model's answers), and that model with the adapter merged in (the reference)."""
+    from safetensors.torch import load_file, save_file
+
+    from prime_rl.models.lora_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, lora_delta, lora_scale
+
+    base = load_file(str(model_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    tensors, merged = {}, dict(base)
+    for name, weight in base.items():
+        module = name.removesuffix(".weight")
+        if module.rsplit(".", 1)[-1] in ADAPTED:
+            a = torch.randn(rank, weight.shape[1], generator=generator) * 0.3
+            b = torch.randn(weight.shape[0], rank, generator=generator) * 0.3
+            tensors |= {f"{PREFIX}{module}.lora_A.weight": a, f"{PREFIX}{module}.lora_B.weight": b}
+            merged[name] = weight + lora_delta(a, b, lora_scale(rank, alpha)).to(weight.dtype)
+    path.mkdir(parents=True)
+    (path / ADAPTER_CONFIG).write_text(json.dumps({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank,
+                                                   "lora_alpha": alpha, "target_modules": list(ADAPTED),
+                                                   "base_model_name_or_path": str(model_dir)}))
+    save_file(tensors, str(path / ADAPTER_WEIGHTS))
+    reference = path.parent / f"{path.name}_merged"
+    shutil.copytree(model_dir, reference)
+    save_file(merged, str(reference / "model.safetensors"))
+    return path, reference
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_swaps_an_adapter_in_flight_and_a_running_request_keeps_its_own(vllm_lora_server, vllm_model_dir,
+                                                                             weight_root):
+    """An adapter update with `in_flight` while 2 answers of 200 tokens sample under the adapter before: it answers
+    at once; a request admitted after it gets the new adapter and its step; the running answers keep the old
+    adapter to their last token (their logprobs are the trainer's under the base with that adapter merged, every
+    token of its step); the old adapter is unloaded from vLLM once they end."""
+    root = weight_root / "lora"
+    (old, old_merged), (new, new_merged) = (random_adapter(root / f"step_{s}", vllm_model_dir, s) for s in (31, 32))
+    name = str(vllm_model_dir)
+    body = {"model": name, "prompt": [5, 6, 7, 8], "n": 2, "max_tokens": 200, "temperature": 1.0, "logprobs": 0,
+            "return_token_ids": True, "ignore_eos": True, "seed": 4}
+    short = body | {"n": 1, "max_tokens": 8}
+    update = partial(httpx.post, f"{vllm_lora_server}/update_weights", timeout=120)
+    assert update(json={"path": str(old)}).json() == {"weight_step": 31}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(httpx.post, f"{vllm_lora_server}/v1/completions", json=body, timeout=300)
+        deadline = time.monotonic() + 60
+        while not vllm_running(vllm_lora_server) and not running.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        swapped = update(json={"path": str(new), "in_flight": True})
+        after = httpx.post(f"{vllm_lora_server}/v1/completions", json=short, timeout=120)
+        still_running = not running.done()
+        answer = running.result()
+    assert swapped.json() == {"weight_step": 32} and still_running, "the update waited for the running request"
+    data = after.json()
+    assert data["weight_step"] == 32 and data["model"] == name
+    assert_matches(new_merged, data["prompt_token_ids"], data["choices"][0]["token_ids"],
+                   data["choices"][0]["logprobs"]["token_logprobs"], 1.0)
+    data = answer.json()
+    assert answer.status_code == 200 and data["weight_step"] == 31
+    for choice in data["choices"]:
+        assert len(choice["token_ids"]) == 200 and choice["token_weight_steps"] == [31] * 200
+        assert_matches(old_merged, data["prompt_token_ids"], choice["token_ids"],
+                       choice["logprobs"]["token_logprobs"], 1.0)
+    served = {m["id"] for m in httpx.get(f"{vllm_lora_server}/v1/models", timeout=30).json()["data"]}
+    assert "prime-rl-step-32" in served and "prime-rl-step-31" not in served
 
 
 @pytest.mark.vllm

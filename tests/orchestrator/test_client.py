@@ -154,3 +154,63 @@ def test_chat_template_kwargs_are_sent_only_when_set(monkeypatch):
     asyncio.run(client.chat(messages, 1, SamplingRule(), 8, template_kwargs={}))
     assert sent[0]["chat_template_kwargs"] == {"enable_thinking": False}
     assert "chat_template_kwargs" not in sent[1]  # a server that does not know the field never sees it
+
+
+def choice_json(ids: list[int], steps: list[int], finish: str) -> dict:
+    return {"index": 0, "token_ids": ids, "token_weight_steps": steps, "finish_reason": finish, "text": "".join(
+        chr(96 + i) for i in ids), "logprobs": {"token_logprobs": [-0.1 * i for i in ids]} if ids else None}
+
+
+def test_an_aborted_choice_is_resubmitted_with_its_tokens_and_the_pieces_joined(monkeypatch):
+    """An in-flight update aborted the answer after 2 tokens (step 3), then its continuation after 1 more (step 4);
+    the second continuation runs to its end: one completion whose tokens, logprobs, steps and text are the pieces'
+    in order, each continuation asking for the prompt plus every token so far and the tokens left of max_tokens, on
+    its own seed stream."""
+    sent, answers = [], [
+        {"prompt_token_ids": [9, 9], "weight_step": 3, "choices": [choice_json([1, 2], [3, 3], "abort")]},
+        {"prompt_token_ids": [9, 9, 1, 2], "weight_step": 4, "choices": [choice_json([3], [4], "abort")]},
+        {"prompt_token_ids": [9, 9, 1, 2, 3], "weight_step": 5, "choices": [choice_json([4, 5], [5, 5], "stop")]},
+    ]
+
+    async def request(self, method, url, payload=None):
+        sent.append((url.rsplit("/", 1)[1], payload))
+        return answers[len(sent) - 1]
+
+    monkeypatch.setattr(InferenceClient, "_request", request)
+    result = asyncio.run(InferenceClient(ClientConfig()).complete([9, 9], 1, SamplingRule(), 8, seed=11))
+    (completion,) = result.completions
+    assert completion.token_ids == [1, 2, 3, 4, 5] and completion.weight_steps == [3, 3, 4, 5, 5]
+    assert completion.logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4, -0.5])
+    assert completion.text == "abcde" and completion.finish_reason == "stop" and result.policy_step(completion) == 3
+    assert [(route, body["prompt"], body["max_tokens"], body["n"]) for route, body in sent] == [
+        ("completions", [9, 9], 8, 1), ("completions", [9, 9, 1, 2], 6, 1), ("completions", [9, 9, 1, 2, 3], 5, 1)]
+    seeds = [body["seed"] for _, body in sent]
+    assert seeds == [11, client_module.resubmit_seed(11, 1), client_module.resubmit_seed(11, 2)]
+    assert len(set(seeds) | {client_module.call_seed(11, k) for k in range(1, 100)}) == 3 + 99
+
+
+def test_aborts_at_the_token_limit_before_the_first_token_and_without_end_are_handled(monkeypatch):
+    """Aborted with max_tokens sampled: a "length" answer, nothing resubmitted. Aborted before its first token
+    (vLLM then gives no logprobs): resubmitted whole. Aborted more than MAX_RESUBMITS times: a one-line
+    InferenceError."""
+    sent = []
+
+    def serve(answers):
+        async def request(self, method, url, payload=None):
+            sent.append(payload)
+            return answers(len(sent))
+
+        monkeypatch.setattr(InferenceClient, "_request", request)
+        return asyncio.run(InferenceClient(ClientConfig()).complete([9], 1, SamplingRule(), 2))
+
+    full = serve(lambda k: {"prompt_token_ids": [9], "choices": [choice_json([1, 2], [0, 0], "abort")]})
+    assert full.completions[0].finish_reason == "length" and len(sent) == 1
+    sent.clear()
+    empty = serve(lambda k: {"prompt_token_ids": [9], "weight_step": k - 1, "choices": [
+        choice_json([], [], "abort") if k == 1 else choice_json([1, 2], [1, 1], "stop")]})
+    assert empty.completions[0].token_ids == [1, 2] and empty.completions[0].weight_steps == [1, 1]
+    assert [body["prompt"] for body in sent] == [[9], [9]]
+    sent.clear()
+    with pytest.raises(InferenceError, match="aborted by 64 weight updates in a row"):
+        serve(lambda k: {"prompt_token_ids": [9], "choices": [choice_json([], [], "abort")]})
+    assert len(sent) == 1 + client_module.MAX_RESUBMITS

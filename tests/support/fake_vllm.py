@@ -2,8 +2,9 @@
 
 `fake_vllm_app(engine_client)` is a FastAPI app with `app.state.engine_client` (what the middleware calls for weight
 updates and `/reset`: `FakeEngineClient` records the calls; it also generates, one token at a time, labelling each
-with its weight version as vLLM 0.32's engine does, and pauses and resumes as vLLM's `pause_generation(mode="keep")`
-does) and `PrimeRLMiddleware` added, as `vllm --middleware` adds it. Its generate routes call the engine client's
+with its weight version as vLLM 0.32's engine does, and pauses and resumes as vLLM's `pause_generation` does, in
+mode "keep" or "abort") and `PrimeRLMiddleware` added, as `vllm --middleware` adds it. Its generate routes call
+the engine client's
 `generate` once per prompt, as vLLM's do, and answer as vLLM 0.32 does with `return_token_ids` and `logprobs`: one
 token per character (the token id is the code point), every choice the completion `answer` (`ANSWER`) cut at
 `max_tokens`, `n` choices per prompt,
@@ -22,6 +23,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -38,7 +40,10 @@ class FakeEngineClient:
     `resume_generation` and `update_weight_version`, recorded (but `update_weight_version`, which `versions` keeps);
     the first `fail` `collective_rpc` calls raise. `generate` samples `answer` one token per engine step (`token_s`
     apart), each labelled with the version set then; with `steps` (a semaphore) each token waits for a release, and
-    none is sampled while paused. Its final output's completions carry `weight_versions` spans as vLLM 0.32's do."""
+    none is sampled while paused. Its final output's completions carry `weight_versions` spans as vLLM 0.32's do.
+    `pause_generation(mode="abort")` ends every running generation at its next step: its final output has the
+    tokens so far and `finish_reason` "abort"; a prompt that is an aborted generation's prompt plus those tokens
+    continues the answer where it stopped, as a model would."""
 
     def __init__(self, fail: int = 0, answer: str = ANSWER, token_s: float = 0.0):
         self.calls: list[tuple] = []
@@ -47,6 +52,8 @@ class FakeEngineClient:
         self.version = "default"  # vLLM's engine starts with this label
         self.versions: list[str] = []
         self.paused = False
+        self.aborts = 0  # pauses in mode "abort" so far
+        self.continued: dict[tuple[int, ...], int] = {}  # an aborted generation's prompt + tokens -> answer position
         self.steps: asyncio.Semaphore | None = None
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -62,6 +69,7 @@ class FakeEngineClient:
 
     async def pause_generation(self, *, mode="abort", clear_cache=True):
         self.calls.append(("pause_generation", (mode, clear_cache)))
+        self.aborts += mode == "abort"
         self.paused = True
         self._resumed.clear()
 
@@ -77,21 +85,31 @@ class FakeEngineClient:
     def generate(self, prompt, params: dict, request_id: str, **kwargs):
         """`params`: n and max_tokens. One final output (`SimpleNamespace`, vLLM's RequestOutput's fields that the
         middleware reads): each completion's index, token ids and weight-version spans."""
-        return self._generate(params["n"], params["max_tokens"])
+        return self._generate(list(prompt), params["n"], params["max_tokens"])
 
-    async def _generate(self, n: int, max_tokens: int):
+    async def _generate(self, prompt: list[int], n: int, max_tokens: int):
         labels: list[str] = []
-        for _ in token_ids(self.answer)[:max_tokens]:
+        await self._resumed.wait()  # vLLM holds a request added while paused
+        aborts, start = self.aborts, self.continued.get(tuple(prompt), 0)
+        answer = token_ids(self.answer)[start:]
+        finish = "stop" if len(answer) <= max_tokens else "length"
+        for _ in answer[:max_tokens]:
             if self.steps is not None:
                 await self.steps.acquire()
             await asyncio.sleep(self.token_s)
             await self._resumed.wait()
+            if self.aborts != aborts:
+                finish = "abort"
+                break
             labels.append(self.version)
         spans = [SimpleNamespace(version=v, start=s, end=s + len(list(g)))
                  for (v, g), s in _runs(labels)]
-        ids = token_ids(self.answer)[:len(labels)]
+        ids = answer[:len(labels)]
+        if finish == "abort":
+            self.continued[tuple(prompt + ids)] = start + len(ids)
         yield SimpleNamespace(finished=True, outputs=[
-            SimpleNamespace(index=i, token_ids=ids, weight_versions=spans if labels else []) for i in range(n)])
+            SimpleNamespace(index=i, token_ids=ids, weight_versions=spans if labels else [], finish_reason=finish)
+            for i in range(n)])
 
 
 def _runs(labels: list[str]):
@@ -157,10 +175,9 @@ def fake_vllm_app(engine_client, served_model: str = "served") -> tuple[FastAPI,
         choices = []
         for p, final in zip(prompts, finals, strict=True):
             for out in final.outputs:
-                finish = "stop" if len(out.token_ids) == len(engine.answer) else "length"
                 index = len(choices)
-                choices.append(chat_choice(index, out.token_ids, finish) if chat
-                               else completion_choice(index, out.token_ids, finish, p))
+                choices.append(chat_choice(index, out.token_ids, out.finish_reason) if chat
+                               else completion_choice(index, out.token_ids, out.finish_reason, p))
         completion_tokens = sum(len(c["token_ids"]) for c in choices)
         usage = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": completion_tokens}
         answer = {"object": "chat.completion" if chat else "text_completion", "model": body.get("model"),
@@ -185,6 +202,19 @@ def fake_vllm_app(engine_client, served_model: str = "served") -> tuple[FastAPI,
 
     app.add_middleware(PrimeRLMiddleware)
     return app, release
+
+
+def stepped_app(answer: str) -> tuple[FakeEngineClient, FastAPI]:
+    """A stand-in whose engine samples each token of `answer` only when `engine.steps` is released (None: freely)."""
+    engine = FakeEngineClient(answer=answer)
+    app, _ = fake_vllm_app(engine)
+    engine.steps = asyncio.Semaphore(0)
+    return engine, app
+
+
+def app_client(app: FastAPI, **options) -> httpx.AsyncClient:
+    """An HTTP client served in-process by `app` (`options`: httpx.ASGITransport's)."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, **options), base_url="http://127.0.0.1")
 
 
 def weight_dir(root: Path, step: int, tensors: dict[str, torch.Tensor] | None = None,

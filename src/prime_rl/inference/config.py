@@ -75,12 +75,15 @@ class VLLMConfig(BaseConfig):
     """vLLM's parser of the model's tool-call text into `tool_calls` (e.g. "hermes" for Qwen models): when set, vLLM
     runs with --enable-auto-tool-choice --tool-call-parser <name>, and chat requests may send `tools` with tool_choice
     "auto"."""
-    in_flight_kv: Literal["keep", "recompute"] = "keep"
+    in_flight_kv: Literal["keep", "recompute", "resubmit"] = "keep"
     """What an in-flight weight update (continuous rollouts) does to the KV cache of running requests: keep: they go
     on attending to the cache computed under the old weights (as the builtin engine and PipelineRL do; no prefill is
     repeated); recompute: vLLM preempts them and prefills their prompt and tokens so far again under the new weights
-    (pause_generation(mode="keep", clear_cache=True)), so later tokens see one policy, at the cost of that prefill
-    (docs/async.md)."""
+    (pause_generation(mode="keep", clear_cache=True)), so later tokens see one policy, at the cost of that prefill;
+    resubmit (AReaL's way; any vLLM that can pause, also one before 0.32 without weight-version spans): vLLM aborts
+    them, they answer with their tokens so far, and the orchestrator sends prompt + those tokens again, prefilled
+    and sampled under the new weights, counting each token's step itself (docs/async.md). LoRA adapters never pause:
+    a running request keeps its adapter."""
     extra_args: list[str] = Field(default_factory=list)
     """Further vLLM server arguments, verbatim (e.g. ["--max-num-seqs", "256"])."""
 

@@ -16,10 +16,13 @@ first tokens were sampled under (`builtin/app.py`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from prime_rl.utils.errors import UserError
+
+HURRY_S = 0.05  # how often a draining update that hurries (`update(hurry=...)`) calls it again
 
 
 class GateTimeout(Exception):
@@ -60,9 +63,11 @@ class WeightGate:
                 self._cond.notify_all()
 
     @asynccontextmanager
-    async def update(self, new_step: int, drain: bool = True) -> AsyncIterator[None]:
-        """One update at a time; with `drain`, hold new requests and drain admitted ones. The body swaps
-        the weights; the step becomes `new_step` only if the body succeeds."""
+    async def update(self, new_step: int, drain: bool = True,
+                     hurry: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[None]:
+        """One update at a time; with `drain`, hold new requests and drain admitted ones (calling `hurry()` at
+        once and every HURRY_S while some run: vLLM's abort, `vllm/abort.py`; if it fails, so does the update). The
+        body swaps the weights; the step becomes `new_step` only if the body succeeds."""
         async with self._cond:
             await self._wait(lambda: not self._updating, "another weight update to finish")
             if not drain and new_step < self.step:
@@ -72,8 +77,8 @@ class WeightGate:
             self._holding = drain
             try:
                 if drain:
-                    await self._wait(lambda: self._active == 0, "in-flight requests to finish")
-            except GateTimeout:
+                    await self._drain(hurry)
+            except BaseException:
                 self._updating = self._holding = False
                 self._cond.notify_all()
                 raise
@@ -84,3 +89,17 @@ class WeightGate:
             async with self._cond:
                 self._updating = self._holding = False
                 self._cond.notify_all()
+
+    async def _drain(self, hurry: Callable[[], Awaitable[None]] | None) -> None:
+        """Wait, holding the condition's lock (waiting releases it), until no admitted request runs; with `hurry`,
+        call it first and again every HURRY_S (under the lock: a request that ends waits for it to return, so it is
+        never interrupted half-way) until then, or until the gate's timeout."""
+        if hurry is None:
+            return await self._wait(lambda: self._active == 0, "in-flight requests to finish")
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        while self._active > 0:
+            if asyncio.get_running_loop().time() > deadline:
+                raise GateTimeout(f"timed out after {self.timeout_s:.0f}s waiting for in-flight requests to finish")
+            await hurry()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cond.wait_for(lambda: self._active == 0), HURRY_S)

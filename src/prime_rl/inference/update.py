@@ -11,7 +11,8 @@ requests run); `update_weights(body, loader, weight_roots, gate)` does everythin
    weights (`weight_check` / `adapter_check`), or take the ones that came over the weight transfer group
    (a marker directory: the newest of step >= N, whose step is the one served) before any request is
    held: a bad update never holds traffic (400);
-4. inside `gate.update(step, drain=not in_flight)` (`gate.py`: drain, or swap between decode steps):
+4. inside `gate.update(step, drain=not in_flight)` (`gate.py`: drain, or swap between decode steps; a loader
+   whose `hurry` is set after `stage` drains in flight updates too, calling it until drained: vLLM's abort):
    `loader.apply(staged, step)`; a gate that cannot get through in time is a 503, a load that fails leaves
    the old step serving and is a 400 naming the directory;
 5. one log line, and `{"weight_step": step}`.
@@ -40,6 +41,7 @@ class WeightLoader(Protocol):
     """What a backend implements for `update_weights`."""
 
     in_flight: bool  # it can swap weights while requests run (between decode steps, or vLLM's kept pause)
+    hurry: Any  # after `stage`: None, or what makes running requests end now (an in-flight update then drains)
 
     async def stage(self, weights: WeightDir, step: int) -> tuple[int, Any]:
         """Read and check the update whose files `weights` holds open (or take a transfer marker's weights): (the
@@ -66,8 +68,9 @@ async def update_weights(body: UpdateWeightsRequest, loader: WeightLoader, weigh
             return 403, error_payload(403, str(exc))
         except (UserError, ValueError) as exc:
             return 400, error_payload(400, str(exc))
+        hurry = getattr(loader, "hurry", None) if body.in_flight else None
         try:
-            async with gate.update(step, drain=not body.in_flight):
+            async with gate.update(step, drain=not body.in_flight or hurry is not None, hurry=hurry):
                 await loader.apply(staged, step)
         except GateTimeout as exc:
             return 503, error_payload(503, str(exc))

