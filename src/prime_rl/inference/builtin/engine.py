@@ -61,6 +61,7 @@ from prime_rl.inference.protocol import Completion, context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.inference.weight_check import Reference, verify_tensors, verify_weight_dir
 from prime_rl.inference.weight_dirs import WeightDir, opened
+from prime_rl.models import attention
 from prime_rl.models.lora_adapter import lora_delta
 from prime_rl.models.output_head import head_output_is_logits, output_embedding_as
 from prime_rl.models.sampling_rule import SamplingRule
@@ -86,6 +87,8 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, trust_remote
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many types; the message is what matters
         raise UserError(f"cannot load model from {path}: {exc}") from None
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":  # a class that cannot switch keeps sdpa
+        model.set_attn_implementation(attention.register())  # grouped-query heads without copying the cache
     return model.to(device).eval()
 
 
