@@ -211,6 +211,25 @@ def test_aborts_at_the_token_limit_before_the_first_token_and_without_end_are_ha
     assert empty.completions[0].token_ids == [1, 2] and empty.completions[0].weight_steps == [1, 1]
     assert [body["prompt"] for body in sent] == [[9], [9]]
     sent.clear()
-    with pytest.raises(InferenceError, match="aborted by 64 weight updates in a row"):
+    with pytest.raises(InferenceError, match="aborted by more than 64 weight updates"):
         serve(lambda k: {"prompt_token_ids": [9], "choices": [choice_json([], [], "abort")]})
     assert len(sent) == 1 + client_module.MAX_RESUBMITS
+
+
+def test_the_aborted_choices_of_one_request_are_resubmitted_on_seed_streams_of_their_own(monkeypatch):
+    """n = 2, both choices aborted before their first token: their continuations are the same prompt, so only
+    their seeds keep them apart: choice i continues on choice i's own stream (seed + i, as servers seed choice i)."""
+    sent = []
+
+    async def request(self, method, url, payload=None):
+        sent.append(payload)
+        if len(sent) == 1:
+            return {"prompt_token_ids": [9], "choices": [choice_json([], [], "abort") | {"index": i} for i in (0, 1)]}
+        return {"prompt_token_ids": [9], "choices": [choice_json([1], [1], "stop")]}
+
+    monkeypatch.setattr(InferenceClient, "_request", request)
+    result = asyncio.run(InferenceClient(ClientConfig()).complete([9], 2, SamplingRule(), 4, seed=11))
+    assert [c.token_ids for c in result.completions] == [[1], [1]]
+    assert sorted(body["seed"] for body in sent[1:]) == sorted(
+        [client_module.resubmit_seed(11, 1), client_module.resubmit_seed(12, 1)])
+    assert len({body["seed"] for body in sent[1:]}) == 2

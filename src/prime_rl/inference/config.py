@@ -68,6 +68,10 @@ class VLLMConfig(BaseConfig):
     dtype: str = "auto"
     """Model dtype (vLLM --dtype); rl sets the trainer's compute dtype unless given (bfloat16 for a bf16 trainer on
     GPU)."""
+    max_loras: Annotated[int, Field(ge=1)] = 2
+    """LoRA adapters vLLM batches together when it serves adapters (vLLM --max-loras): the served one and those
+    that running requests still use after in-flight updates; a request of one more waits in vLLM's queue for a slot.
+    rl sets max_async_level + 2 for continuous rollouts with adapters (unless set)."""
     max_lora_rank: Annotated[int, Field(ge=1, le=512)] | None = None
     """Serve LoRA adapter updates up to this rank (vLLM --enable-lora --max-lora-rank, rounded up to a rank vLLM
     accepts); none: full-weight updates only. rl sets it to trainer.lora.rank when the trainer publishes adapters."""

@@ -6,7 +6,8 @@ finish on the old weights), swaps the weights, then reopens: no response mixes t
 weight versions. An *in-flight* update (builtin backend; vLLM >= 0.32) neither waits for nor holds
 requests: the engine swaps the weights between two decode iterations (vLLM: during a kept pause), and running
 requests go on under the new ones (each token records the step it was sampled under), so
-an in-flight update never goes back to an older step (a UserError: 400). Updates of either
+an in-flight update never goes back to an older step (a UserError: 400). vLLM's "resubmit" in-flight updates
+drain instead, hurrying the running requests to an end (`update(hurry=...)`). Updates of either
 kind never overlap; the gate's step (what /health reports and new requests are admitted
 under) becomes the new step once the swap succeeded. A request admitted just before an
 in-flight swap may still be prefilled after it: the builtin server answers the step its

@@ -265,7 +265,8 @@ class RLConfig(RunConfig):
         component that has it (`handed_down`: a component's own different value is a contradiction),
         `trainer.advantage` from `orchestrator.advantage`, `orchestrator.share_prompts` off under flash attention
         (unless set), and `inference.vllm.max_lora_rank` at `trainer.lora.rank` when the trainer publishes LoRA
-        adapters (unless set). The run's ports, devices and resume step are `launch/plan.py`'s (they need the
+        adapters (unless set), with `inference.vllm.max_loras` at max_async_level + 2 for continuous rollouts. The
+        run's ports, devices and resume step are `launch/plan.py`'s (they need the
         machine and the run directory)."""
         values: dict[str, Any] = {}
         for component in COMPONENTS:
@@ -277,6 +278,10 @@ class RLConfig(RunConfig):
         lora = self.trainer.lora
         if lora is not None and not lora.merge and self.inference.vllm.max_lora_rank is None:
             values["inference.vllm.max_lora_rank"] = lora.rank  # the trainer publishes adapters: vLLM serves them
+        if lora is not None and not lora.merge and self.orchestrator.rollout_mode == "continuous" and \
+                "max_loras" not in self.inference.vllm.model_fields_set:
+            # running requests keep the adapter of their admission: up to max_async_level + 1 steps, and the newest
+            values["inference.vllm.max_loras"] = self.max_async_level + 2
         return values
 
     def check_consistency(self, prefix: str = "") -> None:

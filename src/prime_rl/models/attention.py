@@ -7,7 +7,9 @@ engine's padded batches always are, and then calls `scaled_dot_product_attention
 result, softmax(q k^T * scale + mask) v per query head h with the key/value head h // (heads / kv_heads) (equal to
 1e-6 in the tests), 2-3x faster at the example's decode shapes on a CPU (256 rows x 40 keys, 4 heads on 2: 3.2-3.8 ms
 -> 1.3-2.0 ms per call, 1 thread). Without a mask, or for a model whose heads are not grouped, it is transformers'
-own `sdpa`. `register()` names it `GQA_SDPA` among transformers' attention functions (its mask is sdpa's).
+own `sdpa`. `register()` names it `GQA_SDPA` among transformers' attention functions (its mask is sdpa's). The
+engine uses it on a CPU only: on CUDA transformers keeps the copy under a mask because a masked `enable_gqa` call
+falls back to SDPA's math kernel there (`use_gqa_in_sdpa`), and it is not measured on a GPU here.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ given token-id lists (`prompt_logprobs` on `/v1/completions`, read by `parse_bat
 
 A choice the server aborted for an in-flight weight update (`finish_reason: "abort"`, vLLM with `in_flight_kv =
 "resubmit"`: its tokens so far, all of the step it was admitted under) is sent again as the prompt's token ids plus
-those tokens, for the tokens left of `max_tokens` (`/v1/completions`, n = 1; seeded runs draw it with
-`resubmit_seed`), as often as updates abort it (at most MAX_RESUBMITS), and the pieces are joined (`joined`): each
+those tokens, for the tokens left of `max_tokens` (`/v1/completions`, n = 1; seeded runs draw choice i's with
+`resubmit_seed(seed + i, ...)`, as the servers seed choice i with seed + i), as often as updates abort it (at most
+MAX_RESUBMITS times; past that an InferenceError), and the pieces are joined (`joined`): each
 token keeps the step that sampled it, as AReaL counts versions per token. The joined text is the pieces' texts
 end to end (a character whose bytes an abort split is decoded in two halves; the token ids, which train, are exact).
 """
@@ -38,7 +39,7 @@ from prime_rl.utils.net import server_root  # noqa: F401 (also this module's: te
 SPARE_CONNECTIONS = 2
 CONNECT_ATTEMPT_S = 10.0  # one TCP connect; failed ones are retried until connect_timeout_s
 TURN_SEED_STRIDE = 1_000_003
-MAX_RESUBMITS = 64  # a choice aborted more often than this (by that many updates while it ran) fails its rollout
+MAX_RESUBMITS = 64  # a choice aborted more often than this (by that many updates while it ran): InferenceError
 
 
 def call_seed(seed: int | None, call: int) -> int | None:
@@ -283,7 +284,8 @@ class InferenceClient:
         result = await self._generate_once(route, prompt, n, rule, max_tokens, seed)
         if any(c.finish_reason == "abort" for c in result.completions):
             result.completions = list(await asyncio.gather(*(
-                self._resubmitted(result.prompt_token_ids, c, rule, max_tokens, seed) for c in result.completions)))
+                self._resubmitted(result.prompt_token_ids, c, rule, max_tokens, None if seed is None else seed + i)
+                for i, c in enumerate(result.completions))))
         return result
 
     async def _generate_once(self, route: str, prompt: dict[str, Any], n: int, rule: SamplingRule, max_tokens: int,
@@ -324,7 +326,7 @@ class InferenceClient:
             rest = await self._generate_once("completions", {"prompt": prompt_ids + completion.token_ids}, 1, rule,
                                              left, resubmit_seed(seed, resubmission))
             completion = joined(completion, rest.completions[0])
-        raise InferenceError(f"a completion was aborted by {MAX_RESUBMITS} weight updates in a row (the server "
+        raise InferenceError(f"a completion was aborted by more than {MAX_RESUBMITS} weight updates (the server "
                              "aborts running requests at every in-flight update: vllm.in_flight_kv = 'resubmit')")
 
     async def score_many(self, prompts: list[list[int]], temperature: float) -> list[list[float]]:

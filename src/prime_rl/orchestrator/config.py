@@ -304,7 +304,8 @@ class OrchestratorConfig(RunConfig):
     rollout_mode: Literal["step", "continuous"] = "step"
     """step: each step generates its own batch, then waits for weights (reproducible given the weights).
     continuous: requests stay in flight across steps, batches fill with groups as they finish, and weight updates
-    land while requests run, without draining the server (builtin backend, or vLLM >= 0.32); see docs/async.md."""
+    land while requests run, without draining the server (builtin backend; vLLM >= 0.32, or any vLLM that can pause
+    with inference.vllm.in_flight_kv = "resubmit"; LoRA adapters on vLLM); see docs/async.md."""
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     """Checkpointing and resume."""
     client: ClientConfig = Field(default_factory=ClientConfig)

@@ -279,8 +279,15 @@ def test_rl_runs_continuous_rollouts_on_vllm_with_full_weights_and_with_lora_ada
     continuous = {"orchestrator": {"rollout_mode": "continuous"}, "inference": {"backend": "vllm"}}
     assert RLConfig.build([], continuous).orchestrator.rollout_mode == "continuous"
     assert RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8, "merge": True}}})
-    adapters = RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8}}})
-    assert "--max-loras" in vllm_args(adapters.derived().inference)  # the old and the new adapter batch together
+    adapters = RLConfig.build([], continuous | {"trainer": {"lora": {"rank": 8}}, "max_async_level": 3})
+    args = vllm_args(adapters.derived().inference)
+    assert args[args.index("--max-loras") + 1] == "5"  # the adapters running requests may keep, and the newest
+    stepped = RLConfig.build([], {"inference": {"backend": "vllm"}, "trainer": {"lora": {"rank": 8}}})
+    args = vllm_args(stepped.derived().inference)
+    assert args[args.index("--max-loras") + 1] == "2"
+    own = continuous | {"trainer": {"lora": {"rank": 8}}, "inference": {"backend": "vllm", "vllm": {"max_loras": 7}}}
+    args = vllm_args(RLConfig.build([], own).derived().inference)
+    assert args[args.index("--max-loras") + 1] == "7"
 
 
 def test_continuous_rollouts_on_an_older_vllm_are_refused_in_one_line(monkeypatch):
@@ -340,7 +347,7 @@ def lora_app(tmp_path, monkeypatch):
     engine = FakeEngineClient()
     app = FastAPI()
     app.state.engine_client = engine
-    lora_calls, asked, copies, hold = [], [], [], {}
+    lora_calls, asked, copies, hold = [], [], [], {}  # hold["unload"]: an unload waits for it
 
     @app.post("/v1/load_lora_adapter")
     async def load(request: Request):  # vLLM reads the adapter from lora_path here: a private copy of the checked files
@@ -353,6 +360,8 @@ def lora_app(tmp_path, monkeypatch):
     @app.post("/v1/unload_lora_adapter")
     async def unload(request: Request):
         lora_calls.append(("unload", await request.json(), request.headers.get("authorization")))
+        if "unload" in hold:
+            await hold["unload"].wait()
         return {"status": "ok"}
 
     @app.post("/v1/completions")
@@ -810,6 +819,34 @@ def test_resubmit_aborts_the_running_requests_holds_new_ones_and_loads_into_an_i
     assert held.json()["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_resubmit_update_whose_abort_fails_resumes_vllm_and_keeps_the_step(tmp_path, served_model, monkeypatch):
+    """vLLM raised from its pause: the update answers an error, the scheduler was resumed all the same (never left
+    paused), the gate reopened and requests are served under the old step."""
+    monkeypatch.setenv(IN_FLIGHT_KV_ENV, "resubmit")
+    engine, app = stepped_app("ab")
+
+    async def failing_pause(*, mode="abort", clear_cache=True):
+        engine.calls.append(("pause_generation", (mode, clear_cache)))
+        engine.paused = True
+        raise RuntimeError("the engine core did not answer")
+
+    engine.pause_generation = failing_pause
+
+    async def scenario():
+        async with app_client(app) as client:
+            running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5]}))
+            await asyncio.sleep(0.05)
+            bad = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
+            for _ in range(2):
+                engine.steps.release()
+            return bad, await running
+
+    bad, running = asyncio.run(scenario())
+    assert bad.status_code == 400 and "did not answer" in bad.json()["error"]["message"]
+    assert engine.calls == [("pause_generation", ("abort", False)), ("resume_generation", ())] and not engine.paused
+    assert running.json()["weight_step"] == 0 and running.json()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_resubmit_takes_either_abort_spelling_of_vllm_and_refuses_an_engine_that_cannot_abort(tmp_path, served_model,
                                                                                              monkeypatch):
     from prime_rl.inference.vllm.abort import abort_problem, pause_aborting
@@ -957,6 +994,57 @@ def test_an_adapter_swaps_in_flight_and_running_requests_keep_theirs_until_they_
     assert [c[1]["lora_name"] for c in lora_calls if c[0] == "unload"] == ["prime-rl-step-2", "prime-rl-step-1"]
     assert [copy.exists() for copy, _ in copies] == [False, False, True]
     assert not any(call[0] in ("pause_generation", "resume_generation") for call in engine.calls)
+
+
+def test_a_request_admitted_while_an_adapter_update_finishes_gets_the_new_adapters_step(tmp_path, monkeypatch):
+    """The update serves the new adapter, then unloads the old one (slow here) before the gate's step moves on: a
+    request admitted meanwhile runs under the new adapter and is answered under its step, not the gate's."""
+    app, _, lora_calls, asked, _, _, hold = lora_app(tmp_path, monkeypatch)
+
+    async def scenario():
+        async with app_client(app) as client:
+            assert (await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 1))})).status_code == 200
+            hold["unload"] = asyncio.Event()
+            update = asyncio.create_task(client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 2)),
+                                                                               "in_flight": True}))
+            while not any(call[0] == "unload" for call in lora_calls):
+                await asyncio.sleep(0.01)
+            meanwhile = await client.post("/v1/completions", json={"model": "tiny"})
+            hold["unload"].set()
+            return meanwhile, await update
+
+    meanwhile, update = asyncio.run(scenario())
+    assert update.json() == {"weight_step": 2} and asked[-1] == "prime-rl-step-2"
+    assert meanwhile.json()["weight_step"] == 2 and meanwhile.json()["choices"][0]["token_weight_steps"] == [2]
+
+
+def test_an_adapter_update_that_fails_after_loading_leaves_the_old_adapter_serving(tmp_path, monkeypatch):
+    """vLLM loaded the new adapter, then resetting its prefix cache failed: a 400, the old adapter still serves
+    requests under its step, and the new one is unloaded from vLLM and its copy removed."""
+    app, engine, lora_calls, asked, copies, _, _ = lora_app(tmp_path, monkeypatch)
+    resets = {"fail": False}
+    reset = engine.reset_prefix_cache
+
+    async def flaky_reset():
+        await reset()
+        if resets["fail"]:
+            raise RuntimeError("engine core died")
+
+    engine.reset_prefix_cache = flaky_reset
+
+    async def scenario():
+        async with app_client(app) as client:
+            assert (await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 1))})).status_code == 200
+            resets["fail"] = True
+            bad = await client.post("/update_weights", json={"path": str(lora_dir(tmp_path, 2)), "in_flight": True})
+            return bad, await client.post("/v1/completions", json={"model": "tiny"})
+
+    bad, after = asyncio.run(scenario())
+    assert bad.status_code == 400 and "engine core died" in bad.json()["error"]["message"]
+    assert after.json()["weight_step"] == 1 and asked[-1] == "prime-rl-step-1"
+    assert [(c[0], c[1]["lora_name"]) for c in lora_calls] == [("load", "prime-rl-step-1"), ("load", "prime-rl-step-2"),
+                                                             ("unload", "prime-rl-step-2")]
+    assert [copy.exists() for copy, _ in copies] == [True, False]
 
 
 def test_an_engine_without_weight_versions_refuses_in_flight_updates_in_one_line(tmp_path, served_model):

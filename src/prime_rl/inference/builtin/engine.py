@@ -87,8 +87,9 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, trust_remote
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many types; the message is what matters
         raise UserError(f"cannot load model from {path}: {exc}") from None
-    if getattr(model.config, "_attn_implementation", None) == "sdpa":  # a class that cannot switch keeps sdpa
-        model.set_attn_implementation(attention.register())  # grouped-query heads without copying the cache
+    if device.type == "cpu" and getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(attention.register())  # grouped-query heads without copying the cache (a
+        # class that cannot switch keeps sdpa; on CUDA, transformers' own rule: masked enable_gqa is its slow path)
     return model.to(device).eval()
 
 

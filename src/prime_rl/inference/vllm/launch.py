@@ -61,8 +61,9 @@ def vllm_args(config: InferenceConfig) -> list[str]:
     if config.model.trust_remote_code:
         args.append("--trust-remote-code")
     if v.max_lora_rank is not None:  # adapters are loaded per weight step (middleware.py)
-        # two adapters batch together: the served one and the one running requests keep across an update
-        args += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(v.max_lora_rank)), "--max-loras", "2"]
+        # the served adapter and those running requests keep across in-flight updates batch together
+        args += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(v.max_lora_rank)), "--max-loras",
+                 str(v.max_loras)]
     if v.tool_call_parser is not None:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
     return args + list(v.extra_args)

@@ -390,27 +390,34 @@ class PrimeRLMiddleware:
         if keep_running:
             await engine.pause_generation(mode="keep", clear_cache=self.recompute_kv)
         self.cache_epoch += 1  # vLLM computes nothing now under the old weights for a request admitted later
-        served_before = self.restore_from, self.restorable
+        served_before, adapter = (self.restore_from, self.restorable), None
         try:
-            await self._load_weights(scope, weights, step)
+            adapter = await self._load_weights(scope, weights, step)
             if callable(getattr(engine, "update_weight_version", None)):  # vLLM >= 0.32 (always, in flight)
                 await engine.update_weight_version(str(step))
         except BaseException:
             self.restore_from, self.restorable = served_before
-            if not weights.is_adapter:  # an adapter that fails to load leaves the base weights as they were
+            if weights.is_adapter:  # the base weights are as they were; the new adapter never served
+                await self._unload(scope, adapter)
+            else:
                 await self._restore(engine)
             raise
+        else:  # new requests get the new adapter (or, after full weights, none) once nothing of the update failed
+            previous = self.adapters.serve(adapter)
         finally:
             if keep_running:
                 await self._resume(engine)
         if keep_running:
             self.updates += 1
+        await self._unload(scope, previous)
 
     async def _abort_running(self, engine) -> None:
         """End every request vLLM runs now (answered with its tokens so far, `abort.py`), then let vLLM take
         requests again: the update's gate holds new ones, and calls this until every admitted one has answered."""
-        await pause_aborting(engine)
-        await self._resume(engine)
+        try:
+            await pause_aborting(engine)
+        finally:
+            await self._resume(engine)  # also after a pause that failed part-way: never leave vLLM paused
 
     async def _resume(self, engine) -> None:
         """Resume vLLM's scheduler after an in-flight update; if it cannot, the server is broken (it would never
@@ -439,10 +446,10 @@ class PrimeRLMiddleware:
                           f"({first_line(exc)}): restart the server"
             log.error(self.broken)
 
-    async def _load_weights(self, scope, weights: WeightDir, step: int) -> None:
+    async def _load_weights(self, scope, weights: WeightDir, step: int) -> LoadedAdapter | None:
         """Full weights on every worker (pinned to the files checked here), or a LoRA adapter through vLLM's
-        dynamic LoRA route from a private copy of its checked files; new requests then get it (full weights: no
-        adapter), and the previous adapter is unloaded once no running request uses it (`adapters.py`)."""
+        dynamic LoRA route from a private copy of its checked files (returned: `_load` serves it once the update
+        succeeded, and the previous adapter is unloaded when no running request uses it, `adapters.py`)."""
         engine = scope["app"].state.engine_client
         adapter = None
         if weights.is_adapter:
@@ -462,8 +469,12 @@ class PrimeRLMiddleware:
         else:
             await engine.collective_rpc(LOAD_DIR, args=(str(weights.path), weights.pins()))
             self.restore_from, self.restorable = (str(weights.path), weights.pins()), True  # `_load` undoes it
-        await self._unload(scope, self.adapters.serve(adapter))
-        await engine.reset_prefix_cache()
+        try:
+            await engine.reset_prefix_cache()
+        except BaseException:
+            await self._unload(scope, adapter)
+            raise
+        return adapter
 
     async def _unload(self, scope, adapter: LoadedAdapter | None) -> None:
         """Unload an adapter no request uses any more from vLLM and remove its private copy (None: nothing)."""
