@@ -41,7 +41,7 @@ class WeightLoader(Protocol):
     """What a backend implements for `update_weights`."""
 
     in_flight: bool  # it can swap weights while requests run (between decode steps, or vLLM's kept pause)
-    hurry: Any  # after `stage`: None, or what makes running requests end now (an in-flight update then drains)
+    hurry: Any  # optional; after `stage`: None, or what makes running requests end now (an in-flight update drains)
 
     async def stage(self, weights: WeightDir, step: int) -> tuple[int, Any]:
         """Read and check the update whose files `weights` holds open (or take a transfer marker's weights): (the

@@ -48,7 +48,6 @@ class ServedAdapters:
 
     def __init__(self):
         self.current: LoadedAdapter | None = None
-        self.held: set[LoadedAdapter] = set()  # older adapters that running requests still use
 
     def take(self) -> LoadedAdapter | None:
         """The adapter a request now admitted gets (None: the base weights), counted as used until `release`."""
@@ -59,21 +58,13 @@ class ServedAdapters:
     def release(self, adapter: LoadedAdapter) -> LoadedAdapter | None:
         """A request of `adapter` ended; the adapter to unload now (an older one that has no request left)."""
         adapter.users -= 1
-        if adapter is self.current or adapter.users > 0:
-            return None
-        self.held.discard(adapter)
-        return adapter
+        return None if adapter is self.current or adapter.users > 0 else adapter
 
     def serve(self, adapter: LoadedAdapter | None) -> LoadedAdapter | None:
         """New requests get `adapter` (None: the base weights); the previous adapter to unload now (None: none, or
         its running requests still use it, and `release` hands it back when the last one ends)."""
         previous, self.current = self.current, adapter
-        if previous is None or previous is adapter:
-            return None
-        if previous.users > 0:
-            self.held.add(previous)
-            return None
-        return previous
+        return None if previous is None or previous is adapter or previous.users > 0 else previous
 
 
 def asks_for_served(body: Any, served: str | None) -> bool:

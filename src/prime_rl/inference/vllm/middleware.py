@@ -393,6 +393,7 @@ class PrimeRLMiddleware:
         served_before, adapter = (self.restore_from, self.restorable), None
         try:
             adapter = await self._load_weights(scope, weights, step)
+            await engine.reset_prefix_cache()
             if callable(getattr(engine, "update_weight_version", None)):  # vLLM >= 0.32 (always, in flight)
                 await engine.update_weight_version(str(step))
         except BaseException:
@@ -469,11 +470,6 @@ class PrimeRLMiddleware:
         else:
             await engine.collective_rpc(LOAD_DIR, args=(str(weights.path), weights.pins()))
             self.restore_from, self.restorable = (str(weights.path), weights.pins()), True  # `_load` undoes it
-        try:
-            await engine.reset_prefix_cache()
-        except BaseException:
-            await self._unload(scope, adapter)
-            raise
         return adapter
 
     async def _unload(self, scope, adapter: LoadedAdapter | None) -> None:
