@@ -67,6 +67,7 @@ def test_concurrent_first_uses_share_one_complete_directory(tmp_path):
     assert hashlib.sha256((results[0] / "tokenizer.json").read_bytes()).hexdigest() == ORIGINAL_SHA256["qwen3"]
 
 
+@pytest.mark.slow
 def test_qwen3_tokenizer_has_the_real_vocabulary_and_special_tokens(qwen3):
     """Guards the sizes and ids code under test relies on (len 151669 < the models' vocab_size 151936)."""
     assert len(qwen3) == 151669 == REAL_TOKENIZERS["qwen3"].tokenizer_len
@@ -77,6 +78,7 @@ def test_qwen3_tokenizer_has_the_real_vocabulary_and_special_tokens(qwen3):
     assert qwen3("hello world")["input_ids"] == [14990, 1879]  # no bos added
 
 
+@pytest.mark.slow
 def test_llama3_tokenizer_has_the_real_vocabulary_and_special_tokens(llama3):
     """Guards the Llama 3 ids: bos added by the tokenizer, eos <|eot_id|>, no pad token."""
     assert len(llama3) == 128256 == REAL_TOKENIZERS["llama3"].tokenizer_len
@@ -141,6 +143,7 @@ def test_documents_the_raw_llama3_template_printing_none_and_dropping_tool_calls
 
 
 @pytest.mark.parametrize("name", sorted(REAL_TOKENIZERS))
+@pytest.mark.slow
 def test_tiny_model_loads_with_its_tokenizer_and_runs_a_forward(name, request):
     """The tiny models are loadable HF directories of the real architecture, vocab and special ids."""
     spec = REAL_TOKENIZERS[name]
@@ -170,6 +173,7 @@ def test_tiny_model_loads_with_its_tokenizer_and_runs_a_forward(name, request):
     assert torch.isfinite(logits).all()
 
 
+@pytest.mark.slow
 def test_tiny_model_is_deterministic_for_a_seed(llama3_tiny_model, tmp_path):
     """Same seed, same weights: tests may compare against numbers computed from a fresh build."""
     again = save_tiny_model("llama3", tmp_path / "again", seed=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 from rich.console import Console
 
 from prime_rl.configs.shared import WandbConfig
@@ -71,6 +72,7 @@ def test_a_step_without_learning_signal_says_so():
     assert step_warning(Tail({0: {"advantage/no_signal": 0.0, "rollout/num_samples": 16}}), 0) is None
 
 
+@pytest.mark.slow
 def test_the_samples_table_reaches_wandb_and_reads_back_offline(tmp_path):
     sink = WandbSink(WandbConfig(mode="offline", project="t"), tmp_path, "orchestrator", {})
     rows = summary_rows([json.dumps(record(0, "</script><b>", 0.5)), json.dumps(record(1, "b", None))])

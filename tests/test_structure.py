@@ -117,6 +117,7 @@ def test_the_circle_check_sees_imports_under_type_checking_and_in_functions(tmp_
     assert found == {frozenset({"prime_rl.a", "prime_rl.b"}), frozenset({"prime_rl.c", "prime_rl.sub.d"})}
 
 
+@pytest.mark.slow
 def test_only_run_dir_spells_run_directory_names():
     names = {run_dir.CONFIGS, run_dir.ROLLOUTS, run_dir.WEIGHTS, run_dir.CHECKPOINTS, run_dir.LOGS, run_dir.METRICS,
              run_dir.METRICS_PLOT, run_dir.MARKER, run_dir.RUN_LOCK, run_dir.NODES, run_dir.SLURM,
@@ -308,6 +309,7 @@ def dry_run_args(example: Path) -> list[str]:
     return args
 
 
+@pytest.mark.slow
 def test_configs_and_the_launcher_import_no_torch():
     """Every `rl` start, `--help` and `--dry-run` would pay torch's import (~2.5 s, 6 s on a slow day) before any
     process starts: the launcher, every config module and a dry run of each example import no torch (nor

@@ -98,6 +98,7 @@ def test_a_turn_ended_by_another_special_token_than_eos_does_not_repeat_it():
     assert tokenizer.decode(tail) == "\n<|im_start|>user\nz<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.mark.slow
 def test_qwen3_template_variables_and_null_content_reach_every_rendering(qwen3_tokenizer_dir):
     from transformers import AutoTokenizer
 

@@ -57,6 +57,7 @@ def test_every_format_scores_right_wrong_and_partial_solutions(row, right, wrong
         assert score(row, partial, mode="all")[0] == 0.0
 
 
+@pytest.mark.slow
 def test_components_count_each_kind_of_failure():
     row = {"tests": json.dumps({"inputs": ["1\n", "2\n", "3\n", "4\n", "5\n"],
                                 "outputs": ["1\n", "2\n", "3\n", "4\n", "5\n"]})}
@@ -69,6 +70,7 @@ def test_components_count_each_kind_of_failure():
     assert score(row, "print(")[1]["compile_error"] == 1.0
 
 
+@pytest.mark.slow
 def test_mode_all_stops_at_the_first_failure():
     row = {"tests": json.dumps({"inputs": ["1\n"] * 4, "outputs": ["2\n"] * 4})}
     total, parts = score(row, "import time\ntime.sleep(2)\nprint(1)", mode="all", timeout_s=1.0)

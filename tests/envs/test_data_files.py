@@ -41,6 +41,7 @@ def formats(tmp_path_factory):
 
 
 @pytest.mark.parametrize("source", ["d.jsonl", "d.json", "d.csv", "d.parquet", "shards", "saved"])
+@pytest.mark.slow
 def test_every_format_and_directory_loads_the_same_rows(formats, source):
     rows = [row for row, _ in load_rows(formats / source)]
     assert rows == ROWS

@@ -69,6 +69,7 @@ def test_a_reply_without_a_usable_score_fails_the_rollout(reply, why):
         call(judge(Judged("maybe"), labels={"yes": 1.0, "no": 0.0}))
 
 
+@pytest.mark.slow
 def test_a_judge_that_is_down_slow_or_failing_fails_the_rollout_after_its_retries():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

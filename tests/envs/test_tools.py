@@ -147,6 +147,7 @@ def test_each_failure_is_a_tool_message_naming_the_problem(text, kind, message):
 
 
 @pytest.mark.parametrize("tool", ["hang", "slow_echo"])
+@pytest.mark.slow
 def test_a_hanging_tool_times_out_without_holding_the_rollout(tool):
     arguments = {"seconds": 30.0} if tool == "hang" else {"text": "late", "delay": 30.0}
     start = time.monotonic()
@@ -158,6 +159,7 @@ def test_a_hanging_tool_times_out_without_holding_the_rollout(tool):
     assert reply.messages[1]["content"] == "after"  # the next call still runs
 
 
+@pytest.mark.slow
 def test_a_hung_tool_thread_does_not_keep_the_process_alive():
     script = textwrap.dedent("""
         import asyncio, time

@@ -26,6 +26,7 @@ MIN_GAIN = 0.03  # measured: +0.065 after 20 steps (the full 80-step run gains m
 LOSS_KEYS = ("loss/importance_ratio", "loss/soft_gate_weight")
 
 
+@pytest.mark.learning
 def test_reverse_text_example_learns_and_logs_loss_metrics_every_step(tmp_path):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}

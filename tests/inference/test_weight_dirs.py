@@ -117,6 +117,7 @@ def updates_while(engine: Engine, path: Path, roots: tuple[Path, ...], swap) -> 
     return outcomes
 
 
+@pytest.mark.slow
 def test_a_file_swapped_with_a_link_outside_is_never_read(engine, tiny_model_dir, tmp_path, proc_fd):
     """`model.safetensors` flips between an in-root file and a link to an outside file while updates run: every
     update serves the in-root weights or is refused (403/400), none reads the outside file (the unfixed code, which

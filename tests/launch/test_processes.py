@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from prime_rl.launch.processes import Child, stop_all
 
 WAITS_AT_GATE = ("from prime_rl.utils.start_gate import wait_at_start_gate; wait_at_start_gate(); "
@@ -16,6 +18,7 @@ def child(tmp_path, code: str, gated: bool) -> Child:
     return Child("orchestrator", [sys.executable, "-c", code], tmp_path / "child.log", dict(os.environ), gated=gated)
 
 
+@pytest.mark.slow
 def test_a_gated_child_goes_on_when_its_gate_is_opened(tmp_path):
     gated = child(tmp_path, WAITS_AT_GATE, gated=True)
     gated.start()

@@ -21,6 +21,7 @@ def loaded_vocab(directory: Path) -> int:
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
+@pytest.mark.slow
 def test_real_tokenizers_files_give_the_loaded_vocabulary(name):
     directory = tokenizer_dir(name)
     assert files_tokenizer_vocab(directory) == loaded_vocab(directory)

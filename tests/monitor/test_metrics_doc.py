@@ -8,6 +8,7 @@ f"reward/{env}/mean" in the code matches `reward/<env>/mean` in the doc.
 import ast
 import re
 
+import pytest
 import torch
 
 from prime_rl.orchestrator.metrics import advantage_metrics, reward_metrics
@@ -59,6 +60,7 @@ def test_scanner_finds_literals_fstrings_and_generated_names():
     assert {"loss/importance_ratio", "reward/*/mean", "eval/*/pass@k", "loss/*", "reward/std"} <= code_metrics()
 
 
+@pytest.mark.slow
 def test_every_logged_metric_is_documented():
     missing = code_metrics() - doc_metrics()
     assert not missing, f"metrics logged but not in a table of docs/metrics.md: {sorted(missing)}"

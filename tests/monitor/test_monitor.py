@@ -44,6 +44,7 @@ def test_wandb_offline_run_holds_metric_keys(tmp_path):
     assert all(key in row for row in rows for key in keys)
 
 
+@pytest.mark.slow
 def test_wandb_failure_does_not_stop_logging(tmp_path, monkeypatch, caplog):
     import wandb
 

@@ -13,6 +13,7 @@ from prime_rl.monitor.monitor import Monitor
 from prime_rl.monitor.wandb_offline import main, read_run, run_files
 
 
+@pytest.mark.slow
 def test_an_offline_runs_config_summary_and_rows_are_read_from_the_run_directory(tmp_path, capsys):
     monitor = Monitor(tmp_path, "trainer", WandbConfig(mode="offline", project="test"),
                       run_config={"max_steps": 3, "loss": {"type": "sapo"}})

@@ -36,6 +36,7 @@ def replayed(message) -> dict:
 
 
 
+@pytest.mark.slow
 def test_a_plain_openai_agent_over_four_turns_trains_on_exactly_what_was_sampled():
     gateway, server = gateway_for(lambda prompt: f"Turn {prompt.count('<|im_start|>user')}.")
 
@@ -158,6 +159,7 @@ def test_a_key_opens_its_own_session_only_and_none_after_it_ended():
     assert asyncio.run(run()).segments[0].calls == 1
 
 
+@pytest.mark.slow
 def test_two_hundred_concurrent_sessions_keep_every_call_in_its_own_rollout():
     gateway, _ = gateway_for(lambda prompt: "echo " + re.findall(r"rollout \d+", prompt)[-1])
 

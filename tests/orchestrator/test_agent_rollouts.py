@@ -134,6 +134,7 @@ def test_the_examples_agents_sdk_agent_with_two_tools_and_a_parallel_call_trains
     assert completion.text == "6 and 5" and not runner.gateway.sessions
 
 
+@pytest.mark.slow
 def test_a_plain_openai_agent_over_four_turns_is_one_sample_scored_by_the_task():
     server = ScriptedServer(lambda prompt: "6 and 5")
     group, _ = generate(server, draw_for(function=f"{HERE}:four_turn_agent"), n=1)
@@ -195,6 +196,7 @@ def test_an_agent_that_fails_fails_its_rollout_and_nothing_of_it_stays_open(agen
     assert group.trained(0) == group.trained(1) == [] and not runner.gateway.sessions  # nothing of it trains
 
 
+@pytest.mark.slow
 def test_an_agent_past_its_time_limit_fails_and_its_call_in_flight_is_dropped():
     server = ScriptedServer(lambda prompt: "ok", delay_s=60.0)
     started = time.monotonic()

@@ -58,6 +58,7 @@ def converse(stitcher: SessionStitcher, policy: Policy, messages: list[dict], re
 
 
 
+@pytest.mark.slow
 def test_calls_that_extend_the_conversation_are_one_segment_of_the_sampled_ids(chat):
     stitcher, policy = SessionStitcher(chat), Policy(chat)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]

@@ -80,6 +80,7 @@ def test_bad_answers_are_one_line_inference_errors(what, message):
     assert re.search(message, str(error)), str(error)
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_answer_is_a_timeout_naming_the_limit():
     start = time.monotonic()
     error = chat_as("hang", timeout_s=0.5)
@@ -87,6 +88,7 @@ def test_a_server_that_does_not_answer_is_a_timeout_naming_the_limit():
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow
 def test_a_connection_that_never_opens_is_retried_then_unreachable(monkeypatch):
     """A listening socket whose accept queue is full drops SYNs: each connect attempt times out. That is a
     connection failure (retried until connect_timeout_s), not a server that did not answer."""

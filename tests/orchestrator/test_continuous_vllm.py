@@ -77,6 +77,7 @@ async def fake_trainer(output_dir, steps: int) -> None:
 
 
 @pytest.mark.parametrize("in_flight_kv", ["keep", "resubmit"])
+@pytest.mark.slow
 def test_groups_too_old_for_their_batch_are_dropped_and_counted_on_vllm(tmp_path, monkeypatch, in_flight_kv):
     output_dir = tmp_path / "run"
     served = weight_dir(tmp_path, 0)

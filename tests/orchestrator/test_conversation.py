@@ -154,6 +154,7 @@ def test_a_conversation_that_would_outgrow_seq_len_ends_truncated_by_context():
 
 @pytest.mark.parametrize("text, why", [("boom", "respond raised RuntimeError: the tool server is down"),
                                        ("hang", "respond took longer than respond_timeout_s = 0.3s")])
+@pytest.mark.slow
 def test_an_environment_that_raises_or_hangs_fails_its_rollout_alone(text, why, monkeypatch, caplog):
     monkeypatch.setattr(env_calls, "_failures", collections.Counter())
     _, group = run([text, "fine", "two", "three"], n=2)

@@ -244,6 +244,7 @@ def test_a_resume_draws_exactly_what_an_uninterrupted_run_draws(tmp_path):
     assert [g.state.to_json() for g in head + tail] == [g.state.to_json() for g in expected]
 
 
+@pytest.mark.slow
 def test_continuous_rollouts_feed_the_curriculum_too(tmp_path):
     """Continuous mode draws ahead (its in-flight draws are skipped on resume, so it is not exact), but the groups
     each step collects still update the windows."""

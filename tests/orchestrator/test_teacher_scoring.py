@@ -103,6 +103,7 @@ def own_logprobs(model, ids: list[int], temperature: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow
 def test_a_batch_of_prompts_sharing_prefixes_scores_as_the_model_does(scoring_app, scoring_engine, monkeypatch,
                                                                       temperature):
     """One request of many prompts (the teacher's batch: samples of one prompt share it) is prefilled in two
@@ -314,6 +315,7 @@ def test_a_sample_longer_than_the_teachers_context_trains_no_token():
     ("good", True, "unreachable"),
     ("fail_long", False, "answered 500 .*boom"),  # one of the step's requests fails, the others succeed
 ])
+@pytest.mark.slow
 def test_a_teacher_that_answers_nan_or_garbage_or_dies_ends_the_run_naming_the_teacher(mode, stop, message):
     samples = group([1, 10], [[20, 2], [21, 2], [22, 23, 24, 25, 26, 2]])  # the last: a request of its own
     with pytest.raises(InferenceError, match=message) as error:

@@ -70,6 +70,7 @@ def test_code_tests_scores_through_the_server_and_an_early_exit_does_not_pass():
     assert asyncio.run(reward(cheat, "", **row)).total == 0.0
 
 
+@pytest.mark.slow
 def test_a_timeout_and_a_failing_server_are_told_apart():
     sandbox = FusionSandbox("http://fusion.test", Limits(timeout_s=0.5), transport=httpx.MockTransport(RunCode()))
     assert collect(sandbox, "while True: pass", [{"kind": "stdio", "stdin": ""}])[0].status == "timeout"

@@ -109,6 +109,7 @@ def test_injection_is_seeded_leaves_the_rng_alone_and_trains_only_the_adapters(t
 
 
 @pytest.mark.parametrize("rank, alpha", [(4, 16.0), (1, 1.0), (200, 8.0)])  # 200 > every dimension (64, 128)
+@pytest.mark.slow
 def test_the_adapter_dir_loads_with_peft_and_computes_the_trainers_model(tiny_model_dir, tmp_path, rank, alpha):
     peft_model, net, weights = lora_model(tiny_model_dir, rank=rank, alpha=alpha)
     assert weights.scale == alpha / rank == lora_scale(rank, alpha)

@@ -80,6 +80,7 @@ def grads(*modules) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.slow
 def test_the_joint_gradient_is_the_policys_plus_value_coef_times_the_value_losss(tiny_model_dir, lora):
     """One joint backward == the policy loss's backward + c_V x the value loss's (two separate passes), for the
     trunk (with LoRA: the adapters, which thus learn from the value loss) and the head; the head's step then

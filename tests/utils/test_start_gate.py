@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from prime_rl.utils.start_gate import START_GATE_ENV
 
 GATED = ("import time; from prime_rl.utils.start_gate import wait_at_start_gate; "
@@ -18,6 +20,7 @@ def start(env: dict[str, str]) -> subprocess.Popen:
                             text=True, env=env)
 
 
+@pytest.mark.slow
 def test_a_gated_child_waits_until_its_parent_writes_a_line(monkeypatch):
     child = start({**os.environ, START_GATE_ENV: "stdin"})
     time.sleep(1.0)

@@ -94,6 +94,7 @@ def test_a_real_runs_page_browses_steps_groups_filters_and_colourings(tmp_path, 
         assert errors == []
 
 
+@pytest.mark.slow
 def test_hostile_text_renders_as_text_and_runs_nothing(tmp_path):
     long_line = "x" * 100_000
     texts = ["</script><script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 2">',

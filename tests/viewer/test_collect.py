@@ -50,6 +50,7 @@ def test_tokens_decode_with_the_runs_own_tokenizer_or_show_as_ids_with_the_reaso
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
+@pytest.mark.slow
 def test_token_texts_of_a_real_tokenizer_keep_their_spaces_and_special_tokens(name):
     from tests.support.real_tokenizers import load_tokenizer
 

@@ -204,6 +204,7 @@ def mixed_logprobs(old_dir, new_dir, prompt_ids: list[int], token_ids: list[int]
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
 
 
+@pytest.mark.slow
 def test_in_flight_update_switches_running_choices_token_by_token(tiny_model_dir, tmp_path):
     new_dir = save_random_model(tmp_path / "step_5", seed=5, hidden_size=64, num_layers=2)
     engine = Engine(str(tiny_model_dir), context_len=256, seed=0, max_batch_size=16)

@@ -75,6 +75,7 @@ def conversation(engine: Engine, chat: ChatTokens, turns: int) -> list:
     return completions
 
 
+@pytest.mark.slow
 def test_each_turn_is_prefilled_past_the_conversation_so_far_and_samples_what_a_full_prefill_does(
         engines, qwen3_tiny_model):
     reuse, full = engines
@@ -86,6 +87,7 @@ def test_each_turn_is_prefilled_past_the_conversation_so_far_and_samples_what_a_
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5
 
 
+@pytest.mark.slow
 def test_identical_prompts_sent_together_sample_what_one_request_of_n_does(engines, qwen3_tiny_model):
     reuse, _ = engines
     prompt = ChatTokens.load(str(qwen3_tiny_model)).prompt_ids([{"role": "user", "content": "Name a color."}], [])
@@ -97,6 +99,7 @@ def test_identical_prompts_sent_together_sample_what_one_request_of_n_does(engin
     assert [c.token_ids for c in apart] == [c.token_ids for c in together]
 
 
+@pytest.mark.slow
 def test_nothing_computed_under_old_weights_is_reused(engines, qwen3_tiny_model):
     reuse, _ = engines
     chat = ChatTokens.load(str(qwen3_tiny_model))

@@ -55,6 +55,7 @@ def words(rng: random.Random, chars: int) -> str:
     return " ".join(out)
 
 
+@pytest.mark.slow
 def test_a_four_mib_prompt_at_a_32k_context_is_refused_in_under_a_second_without_growing_memory(qwen3):
     """The character bound alone lets 4.2 M characters through at a 32k context with Qwen3 (its longest token is
     128 characters): tokenizing 4 MiB in full took 20 s and 1.6 GB. Counted in pieces, it stops after a few

@@ -519,6 +519,7 @@ def marker_dir(tmp_path, step):
     return path
 
 
+@pytest.mark.slow
 def test_vllm_workers_receive_the_transfer_and_serve_it_bit_for_bit(tmp_path, served_model, monkeypatch):
     """Two tensor-parallel workers join the trainer's group at startup (ranks 1 and 2 of 3); a marker update sets
     aside the newest received step on each and loads it on both; a bad update is dropped, the step stays."""

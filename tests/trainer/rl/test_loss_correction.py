@@ -186,6 +186,7 @@ DEFAULT_AS_RULES = {**NO_MASKS, "correction": {"reject": [
     {"rule": "veto", "high": 100.0}]}}
 
 
+@pytest.mark.slow
 def test_the_default_written_as_rules_masks_exactly_what_the_default_masks():
     # token_k1 0.125-8 + seq_mean_k1 0.1-10 (verl's rules) + a veto on any token ratio above 100 (ours, no verl
     # rule); sampler mode, so rho = exp(sg(lp) - lq) = r.

@@ -97,6 +97,7 @@ LORA = {"rank": 4, "dropout": 0.1, "modules_to_save": ["norm"]}
     (None, GAE, HEAD),
     (LORA, GAE, HEAD),
 ], ids=["full", "lora", "gae_critic", "gae_value_head", "lora_value_head"])
+@pytest.mark.slow
 def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_path, lora, advantage, critic):
     """3 steps straight == 2 steps, crash (batch 2 missing), resume from the checkpoint, 1 step; bit for bit,
     also for LoRA (whose checkpoint holds only the adapters, the saved norms and their optimizer state) and
@@ -140,6 +141,7 @@ def test_missing_batch_times_out_then_resume_is_identical(tiny_model_dir, tmp_pa
             assert set(a) == set(load_file(tiny_model_dir / "model.safetensors")), sorted(a)
 
 
+@pytest.mark.slow
 def test_a_critic_checkpoint_resumes_only_with_a_critic_and_the_advantage_types_must_agree(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     write_steps(out, range(1))
@@ -164,6 +166,7 @@ def test_a_critic_checkpoint_resumes_only_with_a_critic_and_the_advantage_types_
         train(config(tiny_model_dir, fresh, max_steps=1, advantage={"type": "gae"}))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_before_writing(tiny_model_dir, tmp_path):
     out = tmp_path / "nan"
     write_steps(out, range(2))
@@ -347,6 +350,7 @@ def test_keep_one_with_orchestrator_parts_ahead_keeps_the_trainers_newest(tiny_m
     assert resolve_resume_step(out, "latest") == 3
 
 
+@pytest.mark.slow
 def test_resume_rewrites_the_pruned_weights_of_the_resume_step(tiny_model_dir, tmp_path):
     """Regression: with ckpt.interval > keep_weights the resume step's weights were pruned;
     nothing rewrote them and the orchestrator waited for them until its timeout."""

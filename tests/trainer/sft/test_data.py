@@ -165,6 +165,7 @@ def test_qwen3_reasoning_and_tool_calls_train_as_the_data_says(qwen3_tokenizer_d
     assert "<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
 
 
+@pytest.mark.slow
 def test_enable_thinking_false_reaches_the_sft_prompt(qwen3_tokenizer_dir):
     from transformers import AutoTokenizer
 
@@ -176,6 +177,7 @@ def test_enable_thinking_false_reaches_the_sft_prompt(qwen3_tokenizer_dir):
     assert trained_runs(tokenizer, on) == ["<think>\n\n</think>\n\nhello<|im_end|>"]  # the template writes it
 
 
+@pytest.mark.slow
 def test_llama3_turns_end_with_eot_and_train_through_it(llama3_tokenizer_dir):
     from transformers import AutoTokenizer
 
@@ -187,6 +189,7 @@ def test_llama3_turns_end_with_eot_and_train_through_it(llama3_tokenizer_dir):
     assert tokenizer.decode(sample.input_ids).count("<|begin_of_text|>") == 1
 
 
+@pytest.mark.slow
 def test_special_tokens_inside_an_assistant_turn_are_content_not_its_end(qwen3_tokenizer_dir):
     """Code data holds `<|endoftext|>`; the char tokenizer marks "\\n\\n" unknown (a special token): the turn still
     trains to its template's closer and the next turn follows it."""

@@ -40,7 +40,11 @@ def sft_metrics(out: Path) -> list[dict]:
     return [m for m in lines if m["source"] == "sft"]
 
 
+@pytest.mark.slow
 def test_sft_from_scratch_learns_and_writes_loadable_weights(tmp_path):
+    """8 steps from random weights lower the loss by more than 0.3: deterministic (seed 0, deterministic algorithms,
+    the float kernels pinned by tests/conftest.py); the drop measured 0.613 at seed 0 (AVX2 and AVX-512 kernels alike)
+    and 0.580 / 0.642 / 0.612 / 0.581 at seeds 1-4."""
     out = tmp_path / "sft"
     train(config(out, weights_interval=4, eval={"interval": 8, "num_examples": 4, "max_new_tokens": 8}))
     metrics = sft_metrics(out)
@@ -61,6 +65,7 @@ def test_sft_from_scratch_learns_and_writes_loadable_weights(tmp_path):
     assert generated.shape[1] > ids.shape[1]
 
 
+@pytest.mark.slow
 def test_sft_resume_continues_identically(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     sched = {"scheduler": {"type": "constant", "warmup_steps": 3}}  # the lr does not depend on max_steps
