@@ -22,7 +22,10 @@ from tests.support.rl_runs import rows_by_source
 pytestmark = [pytest.mark.slow]
 
 STEPS = 20
-MIN_GAIN = 0.03  # measured: +0.065 after 20 steps (the full 80-step run gains more, see the README)
+# Not deterministic (three processes: the server batches requests as they arrive, which moves the last bits of a
+# logprob and, rarely, a sampled token), so measured with the float kernels pinned (tests/conftest.py): 0.385 at
+# step 0, steps 15-19 +0.0912 / +0.0912 / +0.0903 / +0.0912 / +0.0912 in 5 runs beside another test run.
+MIN_GAIN = 0.03
 LOSS_KEYS = ("loss/importance_ratio", "loss/soft_gate_weight")
 
 
@@ -42,6 +45,7 @@ def test_reverse_text_example_learns_and_logs_loss_metrics_every_step(tmp_path):
     assert sorted(rewards) == list(range(STEPS))
     first = rewards[0]["reward/mean"]
     last5 = sum(rewards[s]["reward/mean"] for s in range(STEPS - 5, STEPS)) / 5
+    print(f"reward/mean: step 0 {first:.4f}, steps 15-19 {last5:.4f}, gain {last5 - first:+.4f}")  # shown by CI
     assert last5 >= first + MIN_GAIN, [round(rewards[s]["reward/mean"], 3) for s in range(STEPS)]
 
     trainer = rows_by_source(run_dir, "trainer")

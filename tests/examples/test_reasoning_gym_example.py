@@ -34,6 +34,7 @@ def test_the_reasoning_gym_example_learns_exact_answers_after_its_sft_warm_up(tm
     run = run_in_process(["@", "examples/reasoning_gym/rl.toml", "--model.name", str(tmp_path / "sft/weights/step_150"),
                           "--output-dir", str(tmp_path / "rl"), "--max-steps", "41", "--wandb.mode", "disabled"])
     evals = {step: row[PASS_RATE] for step, row in run.rows("orchestrator").items() if PASS_RATE in row}
+    print(f"held-out exact rate by step: {evals}")  # CI's learning tier shows it (-rP --show-capture=stdout)
     assert sorted(evals) == [0, 10, 20, 30, 40]
     assert evals[40] >= evals[0] + MIN_GAIN, evals
     assert all(row["reward/reasoning-gym/spell_backward"] == row["reward/mean"]  # all or nothing: pass_score = 1
