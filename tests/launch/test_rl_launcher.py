@@ -181,10 +181,10 @@ def test_a_server_that_dies_at_start_stops_the_run_and_the_orchestrator_waiting_
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     log = tmp_path / "rl.log"
     proc = start_rl(small_run_config(tmp_path, broken, 3), log)
-    seen: dict[int, str] = {}  # every process of rl's tree while rl lives, with its command line
+    seen: dict[int, str] = {}  # every process of rl's tree while rl lives, with its last command line read
     while proc.poll() is None:
-        for pid in descendants(proc.pid) - seen.keys():
-            seen[pid] = cmdline(pid)
+        for pid in descendants(proc.pid):  # read again at every poll: a child caught between fork and exec still
+            seen[pid] = cmdline(pid) or seen.get(pid, "")  # shows rl's command line (missed once under load in CI)
         time.sleep(0.05)
     tree = set(seen)
     assert proc.returncode not in (0, None)
