@@ -16,7 +16,6 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 
-
 def _pin_float_kernels() -> None:
     """The same float kernels on every x86-64 machine with AVX2, so that a learning test gives the same numbers on
     every machine, not only on every run of one machine. torch picks its vectorised kernels by the CPU (AVX-512 where
