@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from time_to_reward import GAINS, ROOT, read_metrics, run_once, summarize  # benchmarks/ is the script's own directory
@@ -39,16 +40,33 @@ def run_trl(python: str, max_steps: int, output_dir: Path) -> dict:
     return summarize(read_metrics(output_dir / "metrics.jsonl"), start, end, source="trl")
 
 
-def ratios(results: list[dict]) -> dict[str, dict]:
+def ratios(results: list[dict], gains=GAINS) -> dict[str, dict]:
     """Per gain: ours / TRL's time to it in each pair of runs, and their median (None where either never got there)."""
     table = {}
-    for gain in GAINS:
+    for gain in gains:
         key = f"+{gain:.2f}"
         pairs = [(r["ours"]["time_to_gain_s"][key], r["trl"]["time_to_gain_s"][key]) for r in results]
         each = [round(ours / trl, 3) if ours is not None and trl else None for ours, trl in pairs]
         known = [x for x in each if x is not None]
         table[key] = {"each": each, "median": round(statistics.median(known), 3) if known else None}
     return table
+
+
+def back_to_back(runs: int, prefix: str, run_one: Callable[[str, Path], dict]) -> list[dict]:
+    """`runs` pairs, ours then TRL's (`run_one(name, run_dir)`, in a fresh temporary directory), each result with
+    the load average before it; each printed as it ends."""
+    results = []
+    for i in range(runs):
+        result = {}
+        for name in ("ours", "trl"):
+            load = os.getloadavg()
+            print(f"run {i + 1}/{runs}, {name}: load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+                  flush=True)
+            with tempfile.TemporaryDirectory(prefix=f"{prefix}_{name}_") as tmp:
+                result[name] = {"load_before": [round(x, 2) for x in load], **run_one(name, Path(tmp) / "run")}
+            print(json.dumps(result[name]), flush=True)
+        results.append(result)
+    return results
 
 
 def main() -> None:
@@ -59,21 +77,13 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=80, help="steps of each run (the example's 80)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args()
-    results = []
-    for i in range(args.runs):
-        result = {}
-        for name in ("ours", "trl"):
-            load = os.getloadavg()
-            print(f"run {i + 1}/{args.runs}, {name}: load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
-                  flush=True)
-            with tempfile.TemporaryDirectory(prefix=f"versus_trl_{name}_") as tmp:
-                if name == "ours":
-                    summary = run_once(args.config, ["--max-steps", str(args.max_steps)], Path(tmp) / "run")
-                else:
-                    summary = run_trl(args.trl_python, args.max_steps, Path(tmp) / "run")
-            result[name] = {"load_before": [round(x, 2) for x in load], **{k: summary[k] for k in KEYS}}
-            print(json.dumps(result[name]), flush=True)
-        results.append(result)
+
+    def run_one(name: str, run_dir: Path) -> dict:
+        summary = (run_once(args.config, ["--max-steps", str(args.max_steps)], run_dir) if name == "ours"
+                   else run_trl(args.trl_python, args.max_steps, run_dir))
+        return {k: summary[k] for k in KEYS}
+
+    results = back_to_back(args.runs, "versus_trl", run_one)
     report = {"runs": results, "ours_over_trl": ratios(results)}
     print(json.dumps(report["ours_over_trl"], indent=2))
     if args.json:

@@ -39,12 +39,13 @@ PAGES = [
     "README.md", "docs/agents.md",
     "docs/architecture.md", "docs/async.md", "docs/benchmarks.md", "docs/bring-your-own-algorithm.md",
     "docs/configs.md", "docs/deployment.md", "docs/environments.md", "docs/inference.md", "docs/losses.md",
-    "docs/metrics.md", "docs/orchestrator.md", "docs/quickstart.md", "docs/rollouts.md", "docs/trainer.md",
+    "docs/metrics.md", "docs/models.md", "docs/orchestrator.md", "docs/quickstart.md", "docs/rollouts.md",
+    "docs/trainer.md",
     "examples/agent/README.md",
     "examples/alphabet_sort/README.md", "examples/code/README.md", "examples/dataset/README.md",
     "examples/is_reshape_study/README.md",
     "examples/multi_turn/README.md", "examples/reasoning_gym/README.md", "examples/reverse_text/README.md",
-    "examples/rollout_correction_study/README.md",
+    "examples/rollout_correction_study/README.md", "examples/smollm2/README.md",
     "examples/tool_use/README.md",
 ]
 BLOCK_KINDS = {

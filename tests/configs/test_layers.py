@@ -161,12 +161,12 @@ def test_sft_dry_run_loads_back(capsys, tmp_path, extra):
 
 
 def test_rl_hands_a_command_line_model_to_the_trainer(capsys, monkeypatch):
-    config, err = build(capsys, RLConfig, "@", RL_TOML, "--model.name", "some/model")
-    assert config.trainer.model.name == config.orchestrator.model.name == "some/model"
+    config, err = build(capsys, RLConfig, "@", RL_TOML, "--model.name", "tiny-calculator")
+    assert config.trainer.model.name == config.orchestrator.model.name == "tiny-calculator"
     assert err == ""
-    monkeypatch.setenv("PRIME_MODEL__NAME", "other/model")
+    monkeypatch.setenv("PRIME_MODEL__NAME", "tiny-multi-turn")
     config, _ = build(capsys, RLConfig, "@", RL_TOML)
-    assert config.trainer.model.name == "other/model"
+    assert config.trainer.model.name == "tiny-multi-turn"
 
 
 @pytest.mark.parametrize(("config_cls", "key"), [(RLConfig, "init"), (RLConfig, "trainer.init"),

@@ -196,11 +196,14 @@ def test_model_config_without_a_context_length_skips_the_check(tmp_path):
     assert build(RLConfig, "--model.name", path, "--orchestrator.sampling.max-tokens", 1000)
 
 
-def test_a_hub_model_not_on_this_machine_is_skipped_at_load():
-    # (a hub name may be in the Hugging Face cache; the server finds out)
+def test_a_hub_model_not_on_this_machine_is_one_line_at_load(capsys):
+    """Nothing is downloaded: a hub name outside the Hugging Face cache stops rl at once, naming what is accepted;
+    a SLURM script rendered for later (another machine's cache) is not checked."""
     name = "some-org/not-downloaded-model"
-    assert build(RLConfig, "--model.name", name, "--orchestrator.sampling.max-tokens", 100000,
-                 "--seq-len", 200000).model.name == name
+    err = one_line_exit_2(capsys, RLConfig, "--model.name", name, "--dry-run")
+    assert f"model.name: model {name!r} is not on this machine and nothing is downloaded: name an embedded" in err
+    assert "SmolLM2-135M-Instruct, a model directory, or a hub name already in the Hugging Face cache" in err
+    assert build(RLConfig, "--model.name", name, "--slurm.partition", "gpu").model.name == name
 
 
 def test_a_local_model_path_that_does_not_exist_yet_is_one_line_at_load(capsys):

@@ -85,11 +85,11 @@ def test_cli_beats_env(two_tomls, monkeypatch):
 
 def test_shared_keys_reach_every_component(two_tomls):
     a, _ = two_tomls
-    config = build(["@", str(a), "--model.name", "some-org/model-x", "--seed", "3"])
+    config = build(["@", str(a), "--model.name", "tiny-calculator", "--seed", "3"])
     for sub in (config.trainer, config.orchestrator):
         assert sub.max_steps == 5 and sub.seq_len == 256 and sub.seed == 3
-        assert sub.model.name == "some-org/model-x"
-    assert config.inference.model.name == "some-org/model-x"
+        assert sub.model.name == "tiny-calculator"
+    assert config.inference.model.name == "tiny-calculator"
     assert config.inference.seq_len == 256
 
 

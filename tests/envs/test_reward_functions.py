@@ -29,6 +29,10 @@ FN = builtin_rewards("auto", ("strip", "whitespace"))
     ("\\boxed{a} and \\boxed{b}", "boxed", "b"),
     ("\\boxed{unclosed", "boxed", ""),
     ("work\n\n  7  \n", "last_line", "  7  "),
+    ("The difference of 4 and 6 is -2.", "last_number", "-2"),
+    ("4 - 6 = 2, no: 1,024 apples", "last_number", "1024"),
+    ("half is 1/2 or .5", "last_number", ".5"),
+    ("no number at all", "last_number", ""),
     ("plain", "auto", "plain"),
     ("plain", "answer_tags", ""),
 ])

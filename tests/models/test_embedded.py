@@ -20,8 +20,20 @@ def test_embedded_model_is_shipped_small_and_loadable_by_path():
 
 
 @pytest.mark.parametrize("name", ["Qwen/Qwen3-0.6B", "gpt2"])
-def test_hub_names_pass_through(name):
+def test_hub_names_in_the_hugging_face_cache_pass_through(name, tmp_path, monkeypatch):
+    """Nothing is downloaded: a hub name is accepted when the Hugging Face cache has it (a snapshot's config.json),
+    and refused with the list of what is accepted when it has not."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     assert not looks_like_local_path(name)
+    with pytest.raises(UserError, match="not on this machine and nothing is downloaded"):
+        resolve_model_path(name)
+    repo = tmp_path / f"models--{name.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
     assert resolve_model_path(name) == name
 
 

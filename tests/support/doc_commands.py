@@ -5,9 +5,9 @@ files linked in and the files a page assumes the reader has (`make_sandbox`). `V
 `$(...)` and `&&` work as in a shell; placeholders a reader fills in (`<task>`, `<model dir>`, `DIR`) are filled with
 `PLACEHOLDERS`. How each program runs:
 
-- prime-rl's commands (`rl`, `sft`, `trainer`, `orchestrator`, `inference`, also as `python -m <module>` and under
-  `torchrun ... -m <module>`): in this process with `--dry-run` appended, which loads and checks the whole config
-  (unknown keys and flags, missing files, wrong values) and starts nothing; it must exit 0. An absolute
+- prime-rl's commands (`rl`, `sft`, `trainer`, `orchestrator`, `inference`, `eval`, also as `python -m <module>`
+  and under `torchrun ... -m <module>`): in this process with `--dry-run` appended, which loads and checks the whole
+  config (unknown keys and flags, missing files, wrong values) and starts nothing; it must exit 0. An absolute
   `--output-dir` is moved into the sandbox.
 - `pytest ARGS`: pytest's own parser knows every option, the test files named exist, the `-m` markers are registered.
 - `python script.py ARGS`, `python -m module ARGS`: run in this process until its argparse parser has parsed ARGS,

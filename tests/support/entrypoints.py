@@ -11,7 +11,7 @@ import pytest
 
 MAINS = {"rl": "prime_rl.launch.rl:main", "trainer": "prime_rl.trainer.rl.train:main",
          "sft": "prime_rl.trainer.sft.train:main", "orchestrator": "prime_rl.orchestrator.orchestrator:main",
-         "inference": "prime_rl.inference.server:main"}
+         "inference": "prime_rl.inference.server:main", "eval": "prime_rl.launch.eval_command:main"}
 
 
 def run_entrypoint(command: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,8 +1,8 @@
 """The model's context length, read at load time from its config.json when that is on this machine.
 
-`model.name` is looked up without network access: the embedded model, a local directory, or a
-hub name already in the Hugging Face cache. A model that is not here yet (a hub name never
-downloaded, or a directory a previous step such as the example's `sft` will create) has no
+`model.name` is looked up without network access: the embedded model, SmolLM2 (converted into the
+cache on first use), a local directory, or a hub name already in the Hugging Face cache. A model that
+is not here yet (a directory a previous step such as the example's `sft` will create) has no
 known context: the checks that need it are skipped, and a missing local directory is
 reported when the run starts. A local model directory whose config.json is missing or
 unreadable is an error.
@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prime_rl.models.embedded import EMBEDDED_MODELS, looks_like_local_path, resolve_model_path
+from prime_rl.models.embedded import EMBEDDED_MODELS, hub_config_file, looks_like_local_path, resolve_model_path
+from prime_rl.models.smollm2 import is_smollm2
 from prime_rl.utils.errors import UserError
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions")
@@ -22,7 +23,7 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions")
 
 def local_config_file(name: str) -> Path | None:
     """The config.json of `model.name` on this machine, or None when the model is not here."""
-    if name in EMBEDDED_MODELS:
+    if name in EMBEDDED_MODELS or is_smollm2(name):
         try:
             return Path(resolve_model_path(name)) / "config.json"
         except UserError as exc:
@@ -32,13 +33,7 @@ def local_config_file(name: str) -> Path | None:
         return local / "config.json"
     if looks_like_local_path(name):
         return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name, "config.json")
-    except Exception:  # not a valid hub id either: loading the model reports it
-        return None
-    return Path(cached) if isinstance(cached, str) else None
+    return hub_config_file(name)
 
 
 def context_length(name: str) -> tuple[int, Path] | None:

@@ -23,7 +23,8 @@ class ModelConfig(BaseConfig):
     """Which model every component loads."""
 
     name: str = "tiny-reverse-text"
-    """Local directory or hub name of a Hugging Face causal LM ('tiny-reverse-text' is the embedded default)."""
+    """An embedded model ('tiny-reverse-text', the default), 'SmolLM2-135M-Instruct', a local Hugging Face model
+    directory, or a hub name already in the Hugging Face cache: nothing is downloaded (docs/models.md)."""
 
     trust_remote_code: bool = False
     """Allow model code shipped with the checkpoint (transformers' trust_remote_code)."""

@@ -15,9 +15,10 @@
   final answer inside `<answer>` tags).
 - Reward: the task's own `score_answer(answer, entry)` of the extracted answer (`extract`, as in the
   `dataset` environment: "auto" takes the last `<answer>` block, else a `\\boxed{}`, else the whole text;
-  "last_line" the last line); logged per task as `reward/<env>/<task>`. With `pass_score` the reward is 1 where
-  that score reaches it and 0 below (many tasks give partial credit, e.g. per letter or for a near number, which a
-  policy can farm instead of answering right); the task's own score stays logged as `reward/<env>/<task>/score`.
+  "last_line" the last line; "last_number" the last number); logged per task as `reward/<env>/<task>`. With
+  `pass_score` the reward is 1 where that score reaches it and 0 below (many tasks give partial credit, e.g. per
+  letter or for a near number, which a policy can farm instead of answering right); the task's own score stays
+  logged as `reward/<env>/<task>/score`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Built-ins (`builtin_rewards`), all in [0, 1]:
   completion's answer mathematically equal to the reference (`\\boxed{1/2}` equals `0.5` and `\\frac12`).
 
 The answer is extracted from the completion by `extract`: "answer_tags" (the last `<answer>` block),
-"boxed" (the last `\\boxed{...}`, braces balanced), "last_line" (the last non-empty line), "none" (the whole
+"boxed" (the last `\\boxed{...}`, braces balanced), "last_line" (the last non-empty line), "last_number" (the
+last number as written, thousands commas removed: "4 - 6 = -2." -> "-2"; "" when there is none), "none" (the whole
 text), or "auto" (answer tags if any, else a box if any, else the whole text).
 
 Configured built-ins take a table of options (`reward_options = {<name> = {...}}`) and return a `Reward` whose
@@ -39,12 +40,12 @@ from typing import Any
 
 from prime_rl.envs.code_tests import code_tests_reward
 from prime_rl.envs.judge import judge_reward
+from prime_rl.envs.rewards import last_number, parse_number
 from prime_rl.envs.rewards import lcs_ratio as _lcs_ratio
-from prime_rl.envs.rewards import parse_number
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.imports import import_object
 
-EXTRACTIONS = ("auto", "answer_tags", "boxed", "last_line", "none")
+EXTRACTIONS = ("auto", "answer_tags", "boxed", "last_line", "last_number", "none")
 NORMALIZATIONS = ("strip", "whitespace", "lower", "punctuation")
 _ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -78,6 +79,8 @@ def extract_answer(text: str, how: str = "auto") -> str:
     if how == "last_line":
         lines = [line for line in text.splitlines() if line.strip()]
         return lines[-1] if lines else ""
+    if how == "last_number":
+        return last_number(text) or ""
     return "" if how in ("answer_tags", "boxed") else text
 
 

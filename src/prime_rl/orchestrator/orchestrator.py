@@ -120,6 +120,32 @@ def eval_draws(config: OrchestratorConfig) -> list[Draw]:
     return draws
 
 
+def group_generator(config: OrchestratorConfig, source: ExampleSource, client: InferenceClient | ServerPool
+                    ) -> tuple[GroupGenerator, AgentRunner | None]:
+    """The run's rollout generator (`rollouts_per_example` completions a prompt, `sampling`'s rule) and the agent
+    runner it drives (None without agent environments: the caller stops it)."""
+    conversations, agents, vocab = token_runners(config, source, client)
+    # Sampled ids past the tokenizer's fail their rollout (`rollouts.cut_unsampleable`).
+    settings = RolloutSettings(config.sampling.max_tokens, config.truncated_reward, vocab,
+                               config.chat_template_kwargs, config.reasoning)
+    return GroupGenerator(client, config.rollouts_per_example, config.sampling.rule, settings, conversations,
+                          agents), agents
+
+
+def eval_generator(generator: GroupGenerator, rollouts: int, temperature: float) -> GroupGenerator:
+    """`generator` for evaluation: `rollouts` completions a prompt at `temperature` (0: greedy), a truncated
+    completion scored as it is (never trained on, so no truncation penalty)."""
+    return replace(generator, n=rollouts, rule=SamplingRule(temperature),
+                   settings=replace(generator.settings, truncated_reward=None))
+
+
+async def generate_eval(generator: GroupGenerator, draws: list[Draw], seed: int) -> list[Group]:
+    """The groups of the fixed evaluation set `draws`, each request with its own seed from `seed` (the same
+    every time, so a model's evaluation repeats)."""
+    seeds = [request_seed(seed + EVAL_SEED_OFFSET, 0, i) for i in range(len(draws))]
+    return await generator.generate(draws, seeds)
+
+
 class Orchestrator:
     """One run's loop: composes the collaborators (the example draws, the weight sync, the group generator, the
     advantages, the `RolloutCollector` of `rollout_mode`), evaluates, and turns each step's collected groups into
@@ -138,24 +164,19 @@ class Orchestrator:
                                     state.curriculum)
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
                                trusted_upto=state.step, in_flight=config.rollout_mode == "continuous")
-        conversations, self.agents, vocab = token_runners(config, self.source, client)
-        # Sampled ids past the tokenizer's fail their rollout (`rollouts.cut_unsampleable`).
-        settings = RolloutSettings(config.sampling.max_tokens, config.truncated_reward, vocab,
-                                   config.chat_template_kwargs, config.reasoning)
-        generator = GroupGenerator(client, config.rollouts_per_example, config.sampling.rule, settings, conversations,
-                                   self.agents)
+        generator, self.agents = group_generator(config, self.source, client)
         self.advantages = GroupAdvantages(config.advantage, config.rollouts_per_example)
         parts = Collaborators(generator, self.source, self.sync, self.advantages)
         self.collector: RolloutCollector = COLLECTORS[config.rollout_mode](parts, config)
         e = config.eval
-        self.eval_generator = replace(generator, n=e.rollouts, rule=SamplingRule(e.temperature),
-                                 settings=replace(settings, truncated_reward=None))
+        self.eval_generator = eval_generator(generator, e.rollouts, e.temperature)
         self.eval_draws = eval_draws(config) if e.interval else []
 
     async def evaluate(self, step: int) -> dict[str, float]:
-        seeds = [request_seed(self.config.seed + EVAL_SEED_OFFSET, 0, i) for i in range(len(self.eval_draws))]
-        groups = await self.eval_generator.generate(self.eval_draws, seeds)
+        start = time.perf_counter()
+        groups = await generate_eval(self.eval_generator, self.eval_draws, self.config.seed)
         metrics = eval_metrics(groups, self.config.eval.success_threshold)
+        metrics["perf/eval_s"] = time.perf_counter() - start
         log.info(f"step {step} eval: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         return metrics
 
