@@ -4,10 +4,11 @@
 
 - `gemm`: the cores' measured fp32 matrix-multiply peak, the best of square matmuls (1024..4096) at `--threads`
   (the trainer's `trainer.runtime.threads`): the ceiling any fp32 training step can reach;
-- `trainer`: the run's achieved FLOP/s, perf/tokens_per_s x FLOPs per token (`trainer/perf.py`: 6 N plus the
-  attention's 12 L H s at the run's mean sample length), and its share of the peak: the CPU's MFU;
+- `trainer`: the run's achieved FLOP/s, its median perf/tokens_per_s x FLOPs per token (`trainer/perf.py`: 6 N plus
+  the attention's 12 L H s at a context of `--context` tokens, about the example's sample length), and its share of
+  the peak: the CPU's MFU;
 - `forward`: one forward of the model over a batch of 64 single tokens at a context of `--context` (a decode
-  step's cost), as tokens/s, beside the run's generated tokens/s.
+  step's cost), as tokens/s, to hold beside the run's perf/inference_tokens_per_s.
 
 Run it on a quiet machine, after the run (it reads the run's metrics.jsonl and loads its model).
 """

@@ -61,6 +61,7 @@ LOGS = "logs"
 METRICS = "metrics.jsonl"
 METRICS_PLOT = "metrics.png"
 VIEWER_PAGE = "viewer.html"
+EVAL = "eval"
 WANDB = "wandb"
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
@@ -154,6 +155,11 @@ def token_outcomes_file(directory: Path, rank: int) -> Path:
 def token_outcomes_files(directory: Path) -> list[Path]:
     """Every rank's `token_outcomes_file` in a rollout step directory (none before the trainer trained the step)."""
     return sorted(Path(directory).glob("token_outcomes_rank_*.jsonl"))
+
+
+def eval_file(output_dir: Path, step: int | None) -> Path:
+    """Where `eval` writes its scores by default: `eval/base.json` (the config's model) or `eval/step_N.json`."""
+    return Path(output_dir) / EVAL / ("base.json" if step is None else f"step_{step}.json")
 
 
 def weights_root(output_dir: Path) -> Path:

@@ -55,14 +55,24 @@ def test_eval_samples_k_completions_for_pass_at_k(tmp_path, capsys):
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--step", "7"], "--step 7: no weights at"),
-    (["--orchestrator.eval.rollouts", "4"], "give orchestrator.eval.temperature > 0"),
     (["--inference.backend", "vllm"], "eval serves with the builtin engine"),
     (["--model.name", "no-such-model"], "is not on this machine and nothing is downloaded"),
+    (["--judge.model.name", "tiny-reverse-text"], "eval starts no judge server"),
+    (["--output", "."], "is a directory: name a JSON file"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_served(tmp_path, capsys, args, says):
     with pytest.raises(SystemExit) as exit_info:
         main(["--output-dir", str(tmp_path / "run"), *args])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and says in err
     assert not (tmp_path / "run" / "eval").exists()
+
+
+def test_a_step_retention_deleted_names_the_steps_kept(tmp_path, capsys):
+    for step in (8, 9):
+        (tmp_path / "run" / "weights" / f"step_{step}").mkdir(parents=True)
+        (tmp_path / "run" / "weights" / f"step_{step}" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        main(["--output-dir", str(tmp_path / "run"), "--step", "2"])
+    assert "(kept: 8, 9; the run keeps its newest trainer.keep_weights" in capsys.readouterr().err

