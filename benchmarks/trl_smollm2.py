@@ -60,7 +60,7 @@ def main() -> None:
     prompts = o.batch_size // o.rollouts_per_example
     source = ExampleSource(o.env, o.seed)
     draws = source.draw(prompts * args.max_steps)
-    held_out = eval_draws(o.model_copy(update={"eval": o.eval.model_copy(update={"interval": 1})}))
+    held_out = eval_draws(o)
     env = draws[0].environment
 
     args.output_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from prime_rl.inference.backends import BuiltinServer, builtin_server
 from prime_rl.inference.config import InferenceConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.draws import ExampleSource
+from prime_rl.orchestrator.metrics import pass_at_k
 from prime_rl.orchestrator.orchestrator import eval_draws, eval_generator, generate_eval, group_generator
 from prime_rl.orchestrator.rollouts import Group
 from prime_rl.orchestrator.servers import ServerPool
@@ -39,15 +40,15 @@ def _groups_table(groups: list[Group], threshold: float) -> dict[str, dict[str, 
         rewards = torch.tensor([g.rewards for g in mine], dtype=torch.float64)
         tokens = [sum(len(p.completion.token_ids) for p in g.trained(i)) for g in mine for i in range(len(g.rewards))]
         table[env] = {"examples": len(mine), "reward": float(rewards.mean()),
-                      "accuracy": float((rewards[:, 0] >= threshold).double().mean()),
-                      "pass@k": float((rewards >= threshold).any(dim=1).double().mean()),
+                      "accuracy": pass_at_k(rewards[:, :1] >= threshold),
+                      "pass@k": pass_at_k(rewards >= threshold),
                       "tokens": sum(tokens) / max(len(tokens), 1)}
     return table
 
 
 async def _generate(o: OrchestratorConfig, weights: tuple[Path, int] | None) -> dict[str, dict[str, float]]:
     e = o.eval
-    draws = eval_draws(o.model_copy(update={"eval": e.model_copy(update={"interval": 1})}))
+    draws = eval_draws(o)
     async with ServerPool(o.client) as client:
         await client.wait_ready()
         if weights is not None:  # as a run loads them: full weights, or an adapter merged into the base
