@@ -65,6 +65,35 @@ def test_a_stale_half_checkpoint_older_than_the_kept_ones_goes(tmp_path):
     assert list_steps(tmp_path / "checkpoints") == [3]
 
 
+def test_a_writer_killed_while_pruning_leaves_no_half_deleted_step(tmp_path, monkeypatch):
+    """Regression (seen in CI): the orchestrator killed inside rmtree of step_4 left step_4/orchestrator/ without
+    its trainer part; a step being pruned is renamed away first, and what is left is a temporary for the next
+    start's cleanup."""
+    for step in (4, 8, 9):
+        make(tmp_path, step, "trainer", "orchestrator")
+
+    def killed(path, *args, **kwargs):
+        raise KeyboardInterrupt  # the process dies inside the deletion
+
+    monkeypatch.setattr("prime_rl.utils.fs.shutil.rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prune_checkpoints(tmp_path, 2)
+    monkeypatch.undo()
+    assert list_steps(tmp_path / "checkpoints") == [8, 9]
+    assert [p.name for p in remove_temporaries(tmp_path)][0].startswith(".step_4.")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_8", "step_9"]
+
+
+@pytest.mark.parametrize(("newest", "kept"),
+                         [(None, [8, 9]), (9, [8, 9]), (8, [4, 8, 9]), (4, [4, 8, 9]), (2, [4, 8, 9])])
+def test_retention_up_to_a_resume_step_leaves_the_steps_after_it(tmp_path, newest, kept):
+    """A resume from step N counts the complete steps up to N alone: a resume from an older step keeps it."""
+    for step in (4, 8, 9):
+        make(tmp_path, step, "trainer", "orchestrator")
+    prune_checkpoints(tmp_path, 2, newest=newest)
+    assert list_steps(tmp_path / "checkpoints") == kept
+
+
 def test_resume_step_rules(tmp_path):
     assert resolve_resume_step(tmp_path, None) is None
     with pytest.raises(UserError, match="no complete checkpoint"):

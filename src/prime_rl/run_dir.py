@@ -32,7 +32,9 @@ its newest parts have no trainer partner yet; they are not complete and never co
 - Resume ('latest') picks the newest complete step; an explicit step must be complete.
 - Retention (`ckpt.keep = K`) keeps the newest K complete steps and everything newer
   (parts still waiting for their partner); older step directories go, both parts.
-  Every writer prunes with this rule after its write, so the processes agree. The
+  Every writer prunes with this rule after its write, so the processes agree, and a
+  resume from step N applies it again to the steps up to N (a process killed between its
+  write and its pruning left one too many). The
   orchestrator always counts both parts (it never runs without a trainer), so before the
   trainer's first checkpoint exists nothing of the run is complete and nothing is pruned.
 - Resuming a run at step N discards what the interrupted run made after N
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import Literal
 
 from prime_rl.utils.errors import UserError
-from prime_rl.utils.fs import list_steps, remove_steps_from, step_path
+from prime_rl.utils.fs import list_steps, remove_dir, remove_steps_from, step_path
 
 MARKER = ".prime-rl-run"
 RUN_LOCK = ".prime-rl-run.lock"  # held (flock) by the rl running in the directory; never deleted: not an artifact
@@ -244,23 +246,28 @@ def resolve_resume_step(output_dir: Path, wanted: int | Literal["latest"] | None
     return wanted
 
 
-def prune_checkpoints(output_dir: Path, keep: int | None, parts: Collection[str] | None = None) -> None:
-    """Keep the newest `keep` complete steps and every step after them; delete older step directories.
+def prune_checkpoints(output_dir: Path, keep: int | None, parts: Collection[str] | None = None,
+                      newest: int | None = None) -> None:
+    """Keep the newest `keep` complete steps and every step after them; delete older step directories,
+    each renamed away before it is deleted (`utils.fs.remove_dir`), so a writer killed while pruning leaves
+    no half-deleted step.
 
     `parts`: what a complete step needs, when the caller knows (`complete_steps`). The orchestrator
     always runs beside a trainer and says so: judged by the parts found, its own checkpoints would
     count as complete before the trainer's first one exists, and pruning would delete the step
-    directory the trainer is writing that first checkpoint into."""
+    directory the trainer is writing that first checkpoint into.
+    `newest`: count only the complete steps up to this one (a resume from step N: the run was killed
+    after writing N and before pruning; the steps after N are rewritten by the resumed run)."""
     if keep is None:
         return
-    complete = complete_steps(output_dir, parts)
+    complete = [s for s in complete_steps(output_dir, parts) if newest is None or s <= newest]
     if len(complete) <= keep:
         return
     cutoff = complete[-keep]
     root = checkpoints_root(output_dir)
     for step in list_steps(root):
         if step < cutoff:
-            shutil.rmtree(step_path(root, step), ignore_errors=True)
+            remove_dir(step_path(root, step))
 
 
 def discard_after(output_dir: Path, step: int) -> None:

@@ -94,7 +94,8 @@ def test_a_killed_component_stops_the_run_and_resume_completes_every_step_once(
     assert not alive(tree), [cmdline(p) for p in alive(tree)]
 
     saved = complete_checkpoints(run_dir)
-    assert 1 <= len(saved) <= keep, saved
+    # One more than `keep` when the kill fell between a checkpoint's write and its pruning; the resume prunes it.
+    assert 1 <= len(saved) <= keep + 1, saved
     resumed_from = saved[-1]
     # Whatever the timing of the kill, the resume step's weights are gone as retention would have it.
     for step_dir in (run_dir / "weights").glob("step_*"):

@@ -36,6 +36,7 @@ from prime_rl.run_dir import (
     discard_after,
     metrics_file,
     node_dir,
+    prune_checkpoints,
     remove_temporaries,
     resolve_resume_step,
     weights_root,
@@ -208,9 +209,12 @@ def verify_resume_checkpoint(config: RLConfig, step: int) -> None:
 def clear_after(config: RLConfig, step: int) -> None:
     """What the interrupted run made after checkpoint `step` goes, so the resumed processes regenerate it
     instead of mixing two runs: rollout batches >= step, weights > step, and the metrics.jsonl lines of
-    steps >= step (the progress bar then starts there). Temporaries of interrupted writes go too."""
+    steps >= step (the progress bar then starts there). Temporaries of interrupted writes go too, and the
+    retention rule (`ckpt.keep`) is applied to the checkpoints up to `step`, which a process killed between
+    its write and its pruning left one too many of."""
     remove_temporaries(config.output_dir)
     discard_after(config.output_dir, step)
+    prune_checkpoints(config.output_dir, config.ckpt.keep, RUN_PARTS, newest=step)
     drop_steps_from(metrics_file(config.output_dir), step, ("trainer", "orchestrator"))
 
 

@@ -45,6 +45,7 @@ from prime_rl.trainer import safe_dcp
 from prime_rl.trainer.lora import check_resume
 from prime_rl.utils.checksums import CorruptCheckpoint, verify_manifest, write_manifest
 from prime_rl.utils.errors import UserError
+from prime_rl.utils.fs import replace_dir
 from prime_rl.utils.json_state import (
     dumps_exact,
     python_rng_from_json,
@@ -131,9 +132,7 @@ def save_checkpoint(output_dir: Path, step: int, model: nn.Module, optimizer: to
     dist.barrier()
     if rank == 0:
         write_manifest(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        replace_dir(tmp, final)
         prune_checkpoints(output_dir, keep)
     dist.barrier()
     return final

@@ -54,12 +54,42 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        replace_dir(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _set_aside(path: Path) -> Path | None:
+    """Rename the directory `path` to a unique temporary name beside it (`.<name>.<random>.tmp`, which the
+    launcher clears before a resume, `run_dir.remove_temporaries`) and return that name; None if `path` is
+    gone (another process pruned it first)."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))  # reserves the name
+    try:
+        os.replace(path, aside)  # a directory may replace an empty one
+    except FileNotFoundError:
+        aside.rmdir()
+        return None
+    return aside
+
+
+def replace_dir(new: Path, path: Path) -> None:
+    """Rename the directory `new` onto `path`, replacing what is there: the old one is set aside first and
+    deleted after, so `path` is missing only between two renames, never half-deleted (a process killed
+    mid-way leaves the old one whole or a temporary)."""
+    path = Path(path)
+    aside = _set_aside(path) if path.exists() else None
+    os.replace(new, path)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_dir(path: Path) -> None:
+    """Delete the directory `path` so that nobody, a process killed mid-way included, sees it half-deleted:
+    set aside under a temporary name, then removed. Already gone: nothing to do."""
+    aside = _set_aside(Path(path))
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def wait_for_path(path: Path, timeout_s: float, what: str, poll_s: float = 0.05, alive=None) -> float:
@@ -104,7 +134,7 @@ def remove_steps_from(directory: Path, first: int) -> None:
     """Delete the `step_N` subdirectories of `directory` with N >= first."""
     for step in list_steps(directory):
         if step >= first:
-            shutil.rmtree(step_path(directory, step), ignore_errors=True)
+            remove_dir(step_path(directory, step))
 
 
 def prune_steps(directory: Path, keep: int | None) -> None:
@@ -112,4 +142,4 @@ def prune_steps(directory: Path, keep: int | None) -> None:
     if keep is None:
         return
     for step in list_steps(directory)[:-keep]:
-        shutil.rmtree(step_path(directory, step), ignore_errors=True)
+        remove_dir(step_path(directory, step))
