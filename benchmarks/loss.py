@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss, scale_counts
+from prime_rl.trainer.rl.loss import build_loss
+from prime_rl.trainer.rl.losses import LossInputs, LossScale, scale_counts
 
 VARIANTS = ["default", "sapo", "cispo", "vanilla", "grpo", "bnpo", "dr_grpo", "dapo", "gspo", "gspo_token", "fipo",
             "is_reshape"]  # fmt: skip

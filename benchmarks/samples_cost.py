@@ -30,7 +30,8 @@ from prime_rl.orchestrator.client import ChatResult, RolloutCompletion  # noqa: 
 from prime_rl.orchestrator.config import SamplesConfig  # noqa: E402
 from prime_rl.orchestrator.rollouts import Group  # noqa: E402
 from prime_rl.orchestrator.samples_log import samples_jsonl  # noqa: E402
-from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss  # noqa: E402
+from prime_rl.trainer.rl.loss import build_loss
+from prime_rl.trainer.rl.losses import LossInputs, LossScale
 from prime_rl.trainer.rl.token_outcomes import micro_batch_outcomes  # noqa: E402
 
 

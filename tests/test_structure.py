@@ -138,9 +138,10 @@ def test_utils_holds_leaf_helpers_only():
     assert not upward
 
 
-SHARED_FILE_NAMES = {"__init__.py", "config.py", "train.py"}
+SHARED_FILE_NAMES = {"__init__.py", "config.py", "train.py", "loss.py"}
 """File names several folders may use: the per-component conventions (each component's config, each trainer's
-loop)."""
+loop), and `loss.py`: the `[loss]` config (`configs/loss.py`) and the trainer's entry to the loss package
+(`trainer/rl/loss.py`), the two halves of one concern, each where its layer keeps such things."""
 
 
 def test_no_two_modules_share_a_file_name():

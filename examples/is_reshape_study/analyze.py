@@ -7,7 +7,7 @@ after the step's last update, `weights/step_{N+1}`, scores the sampled tokens wi
 
     KL_N = mean over trained tokens of  k3(d) = exp(d) - d - 1,   d = clamp(lp - lq, -20, 20)
 
-the estimator of `loss/mismatch_kl` (src/prime_rl/trainer/rl/losses/build.py). The tokens are sampled from the
+the estimator of `loss/mismatch_kl` (src/prime_rl/trainer/rl/loss.py). The tokens are sampled from the
 behaviour policy q, so E_q[k3] = KL(q || pi_final): the KL between the behaviour and the final policy.
 Unlike `loss/mismatch_kl`, which the trainer logs on the last of the 16 passes (before its update),
 this is the policy after all 16 updates. As a check the same is computed with `weights/step_N`, the

@@ -92,6 +92,18 @@ class MicroBatch:
         return torch.segment_reduce(self.loss_mask.float(), "sum", lengths=self.sample_lens) > 0
 
     @property
+    def scored_tokens(self) -> torch.Tensor:
+        """Bool [T]: the tokens whose trainer logprob anything reads: the trained ones and, when the batch records
+        them (`completion_lens`), every completion token (`trainer/rl/token_outcomes.py`). Prompt tokens are not
+        among them, so the output head skips their positions (`trainer.model.score_rows`)."""
+        scored = self.loss_mask.clone()
+        if self.completion_lens is not None:
+            ends = torch.cumsum(self.sample_lens, 0)
+            for end, n in zip(ends.tolist(), self.completion_lens.tolist(), strict=True):
+                scored[end - n:end] = True
+        return scored
+
+    @property
     def num_samples(self) -> int:
         """Samples with at least one trained token (padding rows count zero)."""
         return int(self.trained_samples.sum())

@@ -12,7 +12,8 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from prime_rl.configs.loss import LossConfig
-from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss, compute_step_loss, parse_loss_config
+from prime_rl.trainer.rl.loss import build_loss, compute_step_loss, parse_loss_config
+from prime_rl.trainer.rl.losses import LossInputs, LossScale
 from prime_rl.utils.errors import ConfigError
 from tests.support import REPO
 

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from prime_rl.trainer.rl.losses import LossInputs, compute_step_loss
+from prime_rl.trainer.rl.loss import compute_step_loss
+from prime_rl.trainer.rl.losses import LossInputs
 from tests.support import REPO
 
 _PATH = REPO / "examples" / "is_reshape_study" / "analyze.py"

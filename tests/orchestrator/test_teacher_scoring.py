@@ -32,7 +32,8 @@ from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.client import InferenceError, parse_batch_prompt_logprobs
 from prime_rl.orchestrator.config import ClientConfig, OrchestratorConfig, TeacherConfig
 from prime_rl.orchestrator.teacher_scoring import Teacher, opd_advantages
-from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss
+from prime_rl.trainer.rl.loss import build_loss
+from prime_rl.trainer.rl.losses import LossInputs, LossScale
 from prime_rl.utils.errors import ConfigError
 
 # ---------------------------------------------------------------------------- builtin backend: the scoring call

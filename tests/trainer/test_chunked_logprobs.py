@@ -130,6 +130,67 @@ def test_a_model_scored_through_the_chunked_head_equals_its_full_logits(model, r
 
 
 @torch.no_grad()
+def test_the_head_runs_only_on_positions_that_predict_a_token_of_their_segment(model, monkeypatch):
+    """Padding and each segment's last token predict nothing that is scored: the head's products skip them
+    (21 + 9 tokens in 4 + 1 segments: 25 rows, of the layout's 2 x 15 = 30 positions)."""
+    from prime_rl.trainer import chunked_logprobs
+
+    seen = []
+    real = chunked_logprobs.token_stats
+    monkeypatch.setattr(chunked_logprobs, "token_stats", lambda h, *a, **k: seen.append(h.shape[0]) or real(h, *a, **k))
+    score_rows(model, rows_with_shared_prompt())
+    assert seen == [25]
+
+
+@pytest.mark.parametrize("chunked_head", [True, False])
+def test_tokens_not_wanted_score_zero_and_the_others_and_their_gradients_do_not_change(model, monkeypatch,
+                                                                                      chunked_head):
+    """`wanted` (the trainer passes `MicroBatch.scored_tokens`: trained and completion tokens) leaves out the
+    head's rows of the other tokens: they answer 0, every wanted token's (lp, H) and gradient is what scoring
+    them all gives, on the chunked head and on the full logits alike."""
+    from prime_rl.trainer import chunked_logprobs
+
+    if not chunked_head:
+        monkeypatch.setattr(model.config, "final_logit_softcapping", 30.0, raising=False)
+    rows = rows_with_shared_prompt()
+    wanted = [torch.rand(ids.numel(), generator=torch.Generator().manual_seed(k)) < 0.5
+              for k, (ids, _, _) in enumerate(rows)]
+
+    def scored_and_grads(want):
+        model.zero_grad()
+        out, _ = score_rows(model, rows, SamplingRule(temperature=0.9), wanted=want)
+        sum(((lp * (k + 2))[w].sum() + ent[w].sum()) for k, ((lp, ent), w) in enumerate(zip(out, wanted, strict=True))
+            ).backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    seen = []
+    real = chunked_logprobs.token_stats
+    monkeypatch.setattr(chunked_logprobs, "token_stats", lambda h, *a, **k: seen.append(h.shape[0]) or real(h, *a, **k))
+    some, some_grads = scored_and_grads(wanted)
+    every, every_grads = scored_and_grads(None)
+    for (lp, ent), (all_lp, all_ent), w in zip(some, every, wanted, strict=True):
+        assert not lp[~w].any() and not ent[~w].any()
+        torch.testing.assert_close(lp[w], all_lp[w], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(ent[w], all_ent[w], atol=1e-6, rtol=1e-6)
+    for mine, theirs in zip(some_grads, every_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
+    if chunked_head:
+        assert seen[0] < seen[1] == 25
+    model.zero_grad()
+
+
+def test_a_micro_batch_scores_its_trained_and_its_completion_tokens():
+    from prime_rl.batch_format import MicroBatch
+
+    mb = MicroBatch(input_ids=torch.arange(10), position_ids=torch.arange(10), sample_lens=torch.tensor([6, 4]),
+                    loss_mask=torch.tensor([0, 0, 0, 1, 0, 1, 0, 0, 1, 1], dtype=torch.bool),
+                    inference_logprobs=torch.zeros(10), advantages=torch.zeros(10), policy_step=torch.zeros(2))
+    assert mb.scored_tokens.int().tolist() == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]
+    mb.completion_lens = torch.tensor([3, 1])
+    assert mb.scored_tokens.int().tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+
+
+@torch.no_grad()
 def test_the_kept_positions_of_the_flash_layout_map_to_their_targets(model, monkeypatch):
     """flash_attention_2's layout computes only `keep`'s positions: the chunked head's targets follow them.
     (Run with sdpa and no mask here: both sides see the same forward, whatever it attends to.)"""

@@ -18,7 +18,7 @@ from prime_rl.trainer.critic import ValueTargets, value_loss
 from prime_rl.trainer.dist import init_distributed
 from prime_rl.trainer.lora import apply_lora
 from prime_rl.trainer.model import forward_rows_logits, from_previous_position
-from prime_rl.trainer.rl.losses import build_loss
+from prime_rl.trainer.rl.loss import build_loss
 from prime_rl.trainer.rl.train import step_scale, train_on_batch
 from prime_rl.trainer.value_head import ValueHeadCritic
 from tests.support.synthetic_batches import random_micro_batch

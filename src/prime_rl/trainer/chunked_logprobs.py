@@ -140,15 +140,24 @@ def token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 @contextmanager
-def token_stats_head(model: nn.Module, targets: torch.Tensor, rule: SamplingRule, entropies: bool) -> Iterator[None]:
+def token_stats_head(model: nn.Module, targets: torch.Tensor, rule: SamplingRule, entropies: bool,
+                     scored: torch.Tensor | None = None) -> Iterator[None]:
     """While open, `model`'s forward returns [..., 2] = (lp, H) per position instead of logits [..., V]: the
     output embedding is called with hidden states [..., H] at the positions the model keeps (all, or
     `logits_to_keep`), whose flattened order `targets` [N] follows (the token each position predicts).
-    Only for models with `models.output_head.head_output_is_logits`."""
+    `scored`: long indices into those N positions, the only ones whose (lp, H) is wanted (not padding, nor a
+    segment's last token, which predicts nothing of its own): the head's products run on these rows alone and
+    the others answer (0, 0). Only for models with `models.output_head.head_output_is_logits`."""
 
     def stats(hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, hidden.shape[-1])
-        lp, ent = token_stats(flat, head.weight, head.bias, targets.to(flat.device), rule, entropies)
+        wanted = targets.to(flat.device)
+        if scored is not None:
+            flat, wanted = flat[scored], wanted[scored]
+        lp, ent = token_stats(flat, head.weight, head.bias, wanted, rule, entropies)
+        if scored is not None:
+            everywhere = lp.new_zeros(hidden.shape[:-1].numel())
+            lp, ent = (everywhere.scatter(0, scored, x) for x in (lp, ent))
         shape = hidden.shape[:-1]
         return torch.stack([lp.reshape(shape), ent.reshape(shape)], dim=-1)  # a new tensor, not a view (FSDP)
 

@@ -277,14 +277,16 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, sample_lens: t
 
 
 def compute_logprobs(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                     sample_lens: torch.Tensor, rule: SamplingRule = SamplingRule()
+                     sample_lens: torch.Tensor, rule: SamplingRule = SamplingRule(), wanted: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs [T], entropies [T]) of a packed row under `model`, scored as the sampler's `rule` drew them.
 
-    See `token_logprobs` for the math. Tensors may live on any device; results are float32
-    on the model's device. Gradients flow unless called under `torch.no_grad()`.
+    See `token_logprobs` for the math. `wanted`: bool [T], the tokens whose (lp, H) is read (`MicroBatch.
+    scored_tokens`); the others are 0 and cost the output head nothing. Tensors may live on any device; results
+    are float32 on the model's device. Gradients flow unless called under `torch.no_grad()`.
     """
-    return compute_rows_logprobs(model, [(input_ids, position_ids, sample_lens)], rule)[0]
+    return score_rows(model, [(input_ids, position_ids, sample_lens)], rule,
+                      wanted=None if wanted is None else [wanted])[0][0]
 
 
 def compute_rows_logprobs(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingRule(), pad_id: int = 0,
@@ -303,24 +305,30 @@ def compute_logprobs_and_hidden(model: nn.Module, input_ids: torch.Tensor, posit
 
 
 def score_rows(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingRule(), pad_id: int = 0,
-               entropies: bool = True, hidden: bool = False
+               entropies: bool = True, hidden: bool = False, wanted: list[torch.Tensor] | None = None
                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[torch.Tensor] | None]:
     """((lp, H) per row as `token_logprobs` defines them, final hidden states per row with `hidden`) of packed
     rows in one forward. Where the model allows (`models.output_head.head_output_is_logits`) the output embedding
-    answers (lp, H) per position in chunks of tokens and no [tokens, vocab] logits exist (`trainer.chunked_logprobs`);
-    else the full logits are scored."""
+    answers (lp, H) per position in chunks of tokens and no [tokens, vocab] logits exist (`trainer.chunked_logprobs`),
+    and only at the positions that predict a token of their own segment (not padding, nor a segment's last token)
+    that is `wanted` (bool [T_i] per row; default all); else the full logits are scored. Either way (lp, H) is 0 at
+    a token not wanted."""
     rows = on_model_device(model, rows)
     _check_sampled_vocabulary(rows, rule)
+    wanted = [None] * len(rows) if wanted is None else [w.to(rows[0][0].device) for w in wanted]
     if not head_output_is_logits(model):
         logits, hiddens = forward_rows(model, rows, pad_id, hidden)
-        scored = [token_logprobs(lg, ids, lens, rule, entropies)
-                  for lg, (ids, _, lens) in zip(logits, rows, strict=True)]
+        scored = [_only(token_logprobs(lg, ids, lens, rule, entropies), want)
+                  for lg, (ids, _, lens), want in zip(logits, rows, wanted, strict=True)]
         return scored, hiddens
     layout = _layout(model, rows, pad_id)
     targets = torch.zeros(_num_outputs(layout), dtype=torch.long, device=layout.input_ids.device)
-    for (ids, _, _), index in zip(rows, layout.index, strict=True):
+    positions = []  # of the layout, those whose prediction is read
+    for (ids, _, lens), index, want in zip(rows, layout.index, wanted, strict=True):
         targets[index[:-1]] = ids[1:]  # position t predicts token t + 1 of its row (masked at segment starts)
-    with token_stats_head(model, targets, rule, entropies):
+        read = ~segment_starts(lens, int(ids.numel()))[1:]
+        positions.append(index[:-1][read if want is None else read & want[1:]])
+    with token_stats_head(model, targets, rule, entropies, torch.cat(positions)):
         out, captured = _forward_layout(model, layout, hidden)
     scored = []
     for stats, (ids, _, lens) in zip(_in_row_order(out, layout), rows, strict=True):
@@ -328,6 +336,14 @@ def score_rows(model: nn.Module, rows: list[Row], rule: SamplingRule = SamplingR
         lp, ent = (torch.cat([stats.new_zeros(1), stats[:-1, k]]).masked_fill(starts, 0.0) for k in (0, 1))
         scored.append((lp, ent if entropies else None))
     return scored, (_in_row_order(captured, layout) if hidden else None)
+
+
+def _only(stats: tuple[torch.Tensor, torch.Tensor | None], wanted: torch.Tensor | None
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(lp, H) with 0 at the tokens not `wanted`."""
+    if wanted is None:
+        return stats
+    return tuple(None if x is None else x.masked_fill(~wanted, 0.0) for x in stats)
 
 
 def _num_outputs(layout: ForwardLayout) -> int:

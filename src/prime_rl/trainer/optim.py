@@ -17,9 +17,12 @@ from prime_rl.utils.errors import NonFiniteError
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, torch's fused kernel (one pass over each parameter, on CPU and CUDA:
+    3.6x faster than the foreach one for SmolLM2 on one CPU thread, docs/benchmarks.md; the same update up to
+    float rounding)."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
-                             weight_decay=config.weight_decay)
+                             weight_decay=config.weight_decay, fused=True)
 
 
 def lr_factor(step: int, config: SchedulerConfig, max_steps: int) -> float:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from prime_rl.configs.loss import CORRECTION_PRESETS, LOSSES
-from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss, reduce_metrics, token_view
-from prime_rl.trainer.rl.losses.build import STEP_STATISTICS
+from prime_rl.trainer.rl.loss import STEP_STATISTICS, build_loss
+from prime_rl.trainer.rl.losses import LossInputs, LossScale, reduce_metrics, token_view
 from tests.support.peer_code import verl_modules
 from tests.trainer.rl.test_losses import SUM
 
@@ -331,7 +331,7 @@ def test_rejected_tokens_read_r_in_the_token_outcomes_and_stay_in_the_denominato
 def test_no_cap_is_written_none_in_toml():
     import tomllib
 
-    from prime_rl.trainer.rl.losses import parse_loss_config
+    from prime_rl.trainer.rl.loss import parse_loss_config
 
     text = '[loss]\ntype = "grpo"\n[loss.correction]\npreset = "decoupled_token_is"\nweight_cap = "none"\n'
     config = parse_loss_config(tomllib.loads(text)["loss"])

@@ -11,15 +11,8 @@ import pytest
 import torch
 
 from prime_rl.configs.loss import LOSSES
-from prime_rl.trainer.rl.losses import (
-    LOG_RATIO_BOUND,
-    LossInputs,
-    LossScale,
-    build_loss,
-    compute_step_loss,
-    kl_estimate,
-    reduce_metrics,
-)
+from prime_rl.trainer.rl.loss import build_loss, compute_step_loss
+from prime_rl.trainer.rl.losses import LOG_RATIO_BOUND, LossInputs, LossScale, kl_estimate, reduce_metrics
 
 VARIANTS = [name for name in LOSSES.names if name != "custom"]  # every built-in, as registered
 INF = math.inf

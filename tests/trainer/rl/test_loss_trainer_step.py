@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from prime_rl.batch_format import MicroBatch, RankBatch
 from prime_rl.orchestrator.batch import padding_micro_batch
 from prime_rl.trainer.dist import init_distributed
-from prime_rl.trainer.rl.losses import build_loss
+from prime_rl.trainer.rl.loss import build_loss
 from prime_rl.trainer.rl.train import step_scale, train_on_batch
 from tests.support.synthetic_batches import random_micro_batch
 from tests.support.two_ranks import gloo_rank

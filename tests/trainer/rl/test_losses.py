@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from prime_rl.configs.loss import LOSSES
+from prime_rl.trainer.rl.loss import build_loss, compute_step_loss
 from prime_rl.trainer.rl.losses import (
     LossInputs,
     LossScale,
-    build_loss,
-    compute_step_loss,
     reduce_metrics,
     reverse_discounted_sum,
     scale_counts,

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from prime_rl.trainer.rl.losses import LossInputs, build_loss, reduce_metrics
+from prime_rl.trainer.rl.loss import build_loss
+from prime_rl.trainer.rl.losses import LossInputs, reduce_metrics
 from tests.trainer.rl.test_losses import SUM
 
 

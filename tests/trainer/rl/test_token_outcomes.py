@@ -16,7 +16,8 @@ import torch
 from prime_rl.batch_format import RECORD_FIELDS
 from prime_rl.orchestrator.batch import Sample, micro_batch, padding_micro_batch
 from prime_rl.run_dir import rollout_dir, token_outcomes_file
-from prime_rl.trainer.rl.losses import LossInputs, LossScale, build_loss
+from prime_rl.trainer.rl.loss import build_loss
+from prime_rl.trainer.rl.losses import LossInputs, LossScale
 from prime_rl.trainer.rl.token_outcomes import micro_batch_outcomes, write_outcomes
 
 

@@ -35,8 +35,8 @@ from prime_rl.trainer.model import (
     load_model,
     prepare_model,
 )
-from prime_rl.trainer.rl.losses import Loss, LossInputs, LossScale, build_loss, reduce_metrics, scale_counts
-from prime_rl.trainer.rl.losses.build import STEP_STATISTICS
+from prime_rl.trainer.rl.loss import STEP_STATISTICS, Loss, build_loss
+from prime_rl.trainer.rl.losses import LossInputs, LossScale, reduce_metrics, scale_counts
 from prime_rl.trainer.rl.rollout_batches import wait_for_batch
 from prime_rl.trainer.rl.step_advantages import step_advantages
 from prime_rl.trainer.rl.token_outcomes import micro_batch_outcomes, write_outcomes
@@ -117,7 +117,8 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
                 if lo is not None and not loss_fn.needs_log_ratio_moments:
                     lp = lo  # the weights' mean reads lo and lq only: no forward
                 else:
-                    lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
+                    lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule,
+                                             mb.scored_tokens)
                 sums += loss_fn.step_statistics(loss_inputs(mb, lp, None, None, lp if lo is None else lo))
         scale = loss_fn.with_step_statistics(scale, all_reduce_sum(sums.tolist(), session.dist.device))
     head = session.critic if session.critic is not None and session.critic.joint else None
@@ -129,7 +130,8 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
             with torch.no_grad():
                 ref = compute_logprobs(ref_model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)[0]
         if head is None:
-            lp, ent = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule)
+            lp, ent = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule,
+                                       mb.scored_tokens)
         else:
             lp, ent, hidden = compute_logprobs_and_hidden(session.model, mb.input_ids, mb.position_ids,
                                                           mb.sample_lens, rule)

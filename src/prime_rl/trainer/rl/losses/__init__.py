@@ -14,14 +14,13 @@ tokens with an infinite ratio dropped), every variant, the correction stage ("Ro
   contract, or the older `inputs` one, adapted onto it by `variants/custom.py`);
 - `correction`: the `[loss.correction]` stage every variant accepts (the old policy the surrogate's ratio is taken
   against, a truncated or IcePop importance weight, rejection rules, their metrics);
-- `regularizers`, `normalization`, `loss_metrics`: what every variant shares;
-- `build`: `build_loss(config)(inputs, scale)`, one micro-batch's contribution already divided by the step's
-  denominators in `LossScale`, so the step loss is the plain sum over micro-batches and ranks; metrics as float64
-  `[sum, count]` pairs (`reduce_metrics`), exact across micro-batches and ranks.
+- `regularizers`, `normalization`, `loss_metrics`: what every variant shares.
+
+How a loss is chosen from `[loss]` and applied to a micro-batch is `prime_rl.trainer.rl.loss` (`build_loss`), beside
+this package: the one module the trainer imports a loss from.
 """
 
 from prime_rl.trainer.rl.losses import variants  # noqa: F401  (registers the built-in variants)
-from prime_rl.trainer.rl.losses.build import Loss, build_loss, compute_step_loss, parse_loss_config
 from prime_rl.trainer.rl.losses.contract import (
     LOG_RATIO_BOUND,
     TOKEN_OUTCOMES,
@@ -50,9 +49,9 @@ from prime_rl.trainer.rl.losses.variants.is_reshape import is_reshape_loss
 from prime_rl.trainer.rl.losses.variants.ppo import fipo_loss, ppo_clip_loss, vanilla_loss
 
 __all__ = [
-    "LOG_RATIO_BOUND", "TOKEN_OUTCOMES", "Loss", "LossInputs", "LossOutputs", "LossScale", "PolicyTerm", "TokenView",
-    "broadcast_to_tokens", "build_loss", "cispo_loss", "compute_step_loss", "default_loss", "dppo_loss", "fipo_loss",
-    "gspo_loss", "is_reshape_loss", "kl_estimate", "normalize", "parse_loss_config",
+    "LOG_RATIO_BOUND", "TOKEN_OUTCOMES", "LossInputs", "LossOutputs", "LossScale", "PolicyTerm", "TokenView",
+    "broadcast_to_tokens", "cispo_loss", "default_loss", "dppo_loss", "fipo_loss",
+    "gspo_loss", "is_reshape_loss", "kl_estimate", "normalize",
     "ppo_clip_loss", "reduce_metrics", "reverse_discounted_sum", "sample_index", "sapo_loss", "scalar_metric",
     "scale_counts", "segment_any", "segment_masked_mean", "segment_sum", "token_metric", "token_outcomes", "token_view",
     "vanilla_loss",

@@ -1,4 +1,23 @@
-"""The entry points: `build_loss(config)(inputs, scale)` and `compute_step_loss`."""
+"""How a loss is chosen from `[loss]` and applied: the module to open first (the parts are in `losses/`).
+
+    loss_fn = build_loss(config.loss)          # [loss] type -> its variant (configs/loss.py's LOSSES registry)
+    out = loss_fn(inputs, scale)               # one micro-batch: LossInputs -> LossOutputs (loss, metrics)
+
+`Loss.__call__` runs, for one micro-batch (`losses/inputs.py`'s `LossInputs`: the trainer's and the sampler's
+logprobs, advantages, loss mask, packed sample lengths):
+1. `prepare`: `losses/contract.token_view`, the ratio log r = lp - lo against the old policy the correction stage
+   names (`losses/correction.surrogate_old_logprobs`), and the `[loss.correction]` decision (rejections, weights);
+2. the variant registered for `[loss] type` (`losses/variants/`, `fn(cfg, view) -> PolicyTerm`) on the kept tokens,
+   its per-token loss times the correction's weight;
+3. plus the regularizers (`losses/regularizers`: KL to a reference or teacher, entropy), then the normalization
+   (`losses/normalization`): the contribution already divided by the step's denominators in `LossScale`, so the
+   step loss is the plain sum over micro-batches and ranks;
+4. the metrics as float64 `[sum, count]` pairs (`losses/loss_metrics.reduce_metrics`), exact across micro-batches and
+   ranks; with `outcomes`, each token's fate (`losses/contract.token_outcomes`).
+A loss that reads the whole step (`needs_step_pass`) gets its statistics from a no-grad pre-pass first
+(`step_statistics`, `with_step_statistics`); `compute_step_loss` does all of it for a list of micro-batches.
+docs/losses.md has the math; docs/bring-your-own-algorithm.md how to add a variant.
+"""
 
 from __future__ import annotations
 
