@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,16 +118,28 @@ def describe(model: type[BaseModel], prefix: str = "", condition: str = "", hide
             tags = ",".join(t for m in models if (t := tag_of(m)))
             rows.append(KeyDoc(f"{key}.type", f"{{{tags}}}", "", description, condition))
             default = _default_section(field, name, defaults)
-            for variant in models:
-                variant_rows = describe(variant, f"{key}.", f"{key}.type={tag_of(variant)}",
-                                        defaults=default if type(default) is variant else None)
-                rows += [row for row in variant_rows if row.key != f"{key}.type"]
+            per_variant = [[row for row in describe(variant, f"{key}.", f"{key}.type={tag_of(variant)}",
+                                                    defaults=default if type(default) is variant else None)
+                            if row.key != f"{key}.type"] for variant in models]
+            rows += _shared_once(per_variant, condition)
         else:
             type_text = (f"list of {'|'.join(m.__name__ for m in models)} tables" if models
                          else _type_name(field.annotation))
             shown = _default_text(field) if defaults is None else _show(getattr(defaults, name))
             rows.append(KeyDoc(key, type_text, shown, description, condition))
     return rows
+
+
+def _shared_once(per_variant: list[list[KeyDoc]], condition: str) -> list[KeyDoc]:
+    """The rows of a union's variants, a key that every variant has alike (type, default, description: e.g. the
+    `[loss.correction]` keys every loss type takes) listed once, first and under the union's own condition, the
+    others under their variant's."""
+    def alike(row: KeyDoc) -> tuple:
+        return row.key, row.type, row.default, row.description, row.is_section
+
+    shared = set.intersection(*({alike(r) for r in rows} for rows in per_variant)) if len(per_variant) > 1 else set()
+    once = [replace(r, condition=condition) for r in per_variant[0] if alike(r) in shared]
+    return once + [r for rows in per_variant for r in rows if alike(r) not in shared]
 
 
 def describe_config(config_cls: type[BaseModel]) -> list[KeyDoc]:

@@ -72,7 +72,9 @@ and otherwise ignored with a one-line warning (the prefix is shared with other t
 `rl` owns the shared keys (`model`, `output_dir`, `max_steps`, `seq_len`, `seed`, `wandb`,
 `max_async_level`, `loss`, `ckpt`, `teacher`, `weight_transfer`) and hands them to every component that has them;
 a component section that sets one of them to a different value is an error. `loss` is a discriminated union
-on `type`: the keys listed with `[loss.type=X]` belong to variant `X` (see [losses.md](losses.md)).
+on `type`: the keys listed with `[loss.type=X]` belong to variant `X` (see [losses.md](losses.md)); the keys
+every type has alike are listed once, before them, without a condition: every loss type takes them, among them the
+whole `[loss.correction]` section (rollout correction, [losses.md](losses.md#rollout-correction)).
 """
 
 

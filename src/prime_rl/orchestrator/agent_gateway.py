@@ -103,7 +103,6 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     calls: int = 0
     replies: list[dict[str, Any]] = field(default_factory=list)  # every assistant message returned, in order
-    weight_step: int | None = None  # the weight step its first call was admitted under
     closed: bool = False
 
 
@@ -221,8 +220,6 @@ class AgentGateway:
             session.stitcher.end_call(completion, message)
             session.calls += 1
             session.replies.append(message)
-            if session.weight_step is None:
-                session.weight_step = result.weight_step
         answer_message = dict(message)
         if "reasoning_content" in message:
             answer_message["reasoning"] = message["reasoning_content"]

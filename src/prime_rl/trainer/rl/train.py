@@ -31,12 +31,12 @@ from prime_rl.trainer.dist import all_reduce_pairs, all_reduce_sum, destroy
 from prime_rl.trainer.model import (
     compute_logprobs,
     compute_logprobs_and_hidden,
-    compute_rows_logprobs,
     load_model,
     prepare_model,
 )
 from prime_rl.trainer.rl.loss import STEP_STATISTICS, Loss, build_loss
 from prime_rl.trainer.rl.losses import LossInputs, LossScale, reduce_metrics, scale_counts
+from prime_rl.trainer.rl.old_policy import OldPolicy
 from prime_rl.trainer.rl.rollout_batches import wait_for_batch
 from prime_rl.trainer.rl.step_advantages import step_advantages
 from prime_rl.trainer.rl.token_outcomes import micro_batch_outcomes, write_outcomes
@@ -80,27 +80,18 @@ def loss_inputs(mb: MicroBatch, logprobs: torch.Tensor, entropies: torch.Tensor,
     )
 
 
-def old_policy_logprobs(session: TrainSession, batch: RankBatch, rule: SamplingRule) -> list[torch.Tensor]:
-    """lo of every micro-batch: the policy's logprobs before the step's first update, from a no-grad forward
-    without entropies (`[loss.correction] old_logprobs = "trainer"` with `update_epochs > 1`, decoupled PPO's
-    pi_old; its cost: docs/benchmarks.md#the-old-policy-forward). With one epoch the first pass's own logprobs are
-    lo (`train_on_batch`: sg(lp), the same weights), so no forward is spent."""
-    with torch.no_grad():
-        return [compute_rows_logprobs(session.model, [(mb.input_ids, mb.position_ids, mb.sample_lens)], rule,
-                                      entropies=False)[0][0] for mb in batch.micro_batches]
-
-
 def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale: LossScale,
                    ref_model: torch.nn.Module | None = None, match_truncation: bool = True,
                    targets: ValueTargets | None = None, outcomes: list[dict] | None = None,
-                   old_logprobs: list[torch.Tensor] | None = None) -> tuple[float, dict[str, float]]:
+                   old: OldPolicy | None = None) -> tuple[float, dict[str, float]]:
     """Forward/backward every micro-batch of this rank; returns the global step loss that was backpropagated and
     the metrics (`loss/total`: the policy's loss).
 
     A loss that needs a statistic of the whole step (`loss_fn.needs_step_pass`: is_reshape's variance of log r, the
     correction's mean weight) first gets it from a no-grad forward of every micro-batch, all-reduced over
-    ranks, so its update does not depend on how the step is split into micro-batches or ranks. `old_logprobs`: lo of
-    each micro-batch (`old_policy_logprobs`), for a correction against the trainer's old policy.
+    ranks, so its update does not depend on how the step is split into micro-batches or ranks. `old`: the old policy's
+    logprobs lo of each micro-batch, as the loss asks for them (`old_policy.OldPolicy`; default: what `loss_fn` reads
+    with one update epoch).
     Metrics are `[sum, count]` pairs per micro-batch; they are summed here, all-reduced, then divided.
     Tokens are scored under the batch's sampling rule (temperature, and its truncation when
     `match_truncation`: `model.token_logprobs`); the reference model's too, so both sides of the KL agree.
@@ -109,17 +100,16 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
     Given `outcomes`, the records of the micro-batches' recorded samples are appended to it (`token_outcomes.py`).
     """
     rule = scoring_rule(batch, match_truncation, session.sampled_vocab)
-    old = old_logprobs if old_logprobs is not None else [None] * len(batch.micro_batches)
+    old = old if old is not None else OldPolicy(loss_fn.needs_old_logprobs, update_epochs=1)
     if loss_fn.needs_step_pass:
         sums = torch.zeros(STEP_STATISTICS, dtype=torch.float64)
         with torch.no_grad():
-            for mb, lo in zip(batch.micro_batches, old, strict=True):
-                if lo is not None and not loss_fn.needs_log_ratio_moments:
-                    lp = lo  # the weights' mean reads lo and lq only: no forward
-                else:
+            for i, mb in enumerate(batch.micro_batches):
+                lp = old.known(i)
+                if lp is None or loss_fn.needs_log_ratio_moments:  # the weights' mean reads lo and lq only
                     lp, _ = compute_logprobs(session.model, mb.input_ids, mb.position_ids, mb.sample_lens, rule,
                                              mb.scored_tokens)
-                sums += loss_fn.step_statistics(loss_inputs(mb, lp, None, None, lp if lo is None else lo))
+                sums += loss_fn.step_statistics(loss_inputs(mb, lp, None, None, old.of(i, lp)))
         scale = loss_fn.with_step_statistics(scale, all_reduce_sum(sums.tolist(), session.dist.device))
     head = session.critic if session.critic is not None and session.critic.joint else None
     loss_sum, policy_sum = 0.0, 0.0
@@ -136,8 +126,7 @@ def train_on_batch(session: TrainSession, loss_fn: Loss, batch: RankBatch, scale
             lp, ent, hidden = compute_logprobs_and_hidden(session.model, mb.input_ids, mb.position_ids,
                                                           mb.sample_lens, rule)
         record = outcomes is not None and mb.sample_keys is not None
-        lo = old[i] if old[i] is not None or not loss_fn.needs_old_logprobs else lp.detach()
-        out = loss_fn(loss_inputs(mb, lp, ent, ref, lo), scale, outcomes=record)
+        out = loss_fn(loss_inputs(mb, lp, ent, ref, old.of(i, lp)), scale, outcomes=record)
         if record:
             outcomes += micro_batch_outcomes(mb, lp, out.outcomes)
         loss = out.loss
@@ -170,6 +159,7 @@ def train(config: TrainerConfig) -> None:
     session = TrainSession(config, "trainer", dropout=False, sampled_vocab=config.sampled_vocab,
                            transfer=config.weight_transfer, critic=critic)
     loss_fn = build_loss(config.loss)
+    old = OldPolicy(loss_fn.needs_old_logprobs, config.update_epochs)
     ref_model = None
     if config.loss.kl_coef > 0 or config.advantage.reward_kl is not None:
         # Frozen copy of the initial policy (model.name), also when resuming from a checkpoint.
@@ -188,9 +178,7 @@ def train(config: TrainerConfig) -> None:
             rule = scoring_rule(batch, config.match_truncation, session.sampled_vocab)
             batch, targets, advantage_metrics = step_advantages(session, batch, config.advantage, ref_model, rule)
             recorded = [] if any(mb.sample_keys is not None for mb in batch.micro_batches) else None
-            old = None
-            if loss_fn.needs_old_logprobs and config.update_epochs > 1:
-                old = old_policy_logprobs(session, batch, rule)
+            old.before_step(session.model, batch, rule)
             for epoch in range(config.update_epochs):
                 total_loss, metrics = train_on_batch(session, loss_fn, batch, scale, ref_model,
                                                      config.match_truncation, targets, recorded if epoch == 0 else None,

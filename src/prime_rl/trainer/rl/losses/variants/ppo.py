@@ -45,12 +45,11 @@ def opsm_keep(cfg: PPOClipConfig, p: TokenView) -> Tensor:
 
 
 @LOSSES.implements(GrpoLossConfig, BnpoLossConfig, DrGrpoLossConfig, DapoLossConfig)
-def ppo_clip_loss(cfg: PPOClipConfig, p: TokenView, ratio: Tensor | None = None) -> PolicyTerm:
+def ppo_clip_loss(cfg: PPOClipConfig, p: TokenView) -> PolicyTerm:
     """GRPO / BNPO / Dr. GRPO / DAPO, which differ in eps and normalization only: the clipped PPO surrogate
     with the optional dual clip and OPSM (`_opsm_keep`). A token's gate is 1, or 0 where a clip, the dual clip or
-    OPSM removes its gradient; `ratio` replaces `p.r`
-    (docs/losses.md#grpo-bnpo-dr_grpo-dapo--the-clipped-ppo-surrogate)."""
-    r = p.r if ratio is None else ratio
+    OPSM removes its gradient (docs/losses.md#grpo-bnpo-dr_grpo-dapo--the-clipped-ppo-surrogate)."""
+    r = p.r
     adv = p.adv
     lo, hi = 1 - cfg.eps_low, 1 + cfg.eps_high
     surrogate = torch.minimum(r * adv, r.clamp(lo, hi) * adv)
