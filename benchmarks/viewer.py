@@ -1,9 +1,11 @@
-"""What the rollout viewer costs: building the page of a run of `--steps` x `--groups` x `--per-group` rollouts of
-`--tokens` tokens each (collect + render, token text given), its size, and opening it in headless Chromium
-(Debian's, driven by Playwright as tests/viewer drive it): from navigation until the page has rendered, then the
-last step, a group and the ratio colouring.
+"""What the rollout viewer costs: writing the viewer of a run of `--steps` x `--groups` x `--per-group` rollouts of
+`--tokens` tokens each as `prime-rl view` does (collect + render + the step files of a large run, token text given),
+the page's size and the step files', and opening it in headless Chromium (Debian's, driven by Playwright as
+tests/viewer drive it): from navigation until the page has rendered, then the last step (its file loaded), a group
+and the ratio colouring.
 
     uv run python benchmarks/viewer.py [--steps 400] [--groups 8] [--per-group 8] [--tokens 40] [--repeats 3]
+    uv run python benchmarks/viewer.py --steps 1000 --groups 64 --per-group 8 --tokens 16 --repeats 1
 
 Medians of `--repeats`; the machine's speed is measured first (benchmarks/machine_speed.py's import time) as the
 reference.
@@ -25,9 +27,8 @@ sys.path.insert(0, str(ROOT))
 from tests.support.browser import chromium_page, open_page  # noqa: E402
 from tests.support.sample_runs import samples_run  # noqa: E402
 
-from prime_rl.run_dir import viewer_page  # noqa: E402
-from prime_rl.viewer.collect import collect  # noqa: E402
-from prime_rl.viewer.page import render_page  # noqa: E402
+from prime_rl.run_dir import viewer_page, viewer_step_files  # noqa: E402
+from prime_rl.viewer.view import write_view  # noqa: E402
 
 
 def main() -> None:
@@ -46,10 +47,11 @@ def main() -> None:
         builds, opens, browses = [], [], []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            html = render_page(root, collect(root, decode=lambda ids: {i: chr(97 + i % 26) for i in ids}))
-            viewer_page(root).write_text(html)
+            write_view(root, decode=lambda ids: {i: chr(97 + i % 26) for i in ids})
             builds.append(time.perf_counter() - start)
         size = viewer_page(root).stat().st_size
+        folder = viewer_step_files(viewer_page(root))
+        files = sum(f.stat().st_size for f in folder.glob("step_*.js")) if folder.is_dir() else 0
         with chromium_page() as (page, errors):
             for _ in range(args.repeats):
                 start = time.perf_counter()
@@ -57,6 +59,8 @@ def main() -> None:
                 opens.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 page.click(f"#curve rect[data-step='{args.steps - 1}']")
+                page.wait_for_function(f"document.getElementById('summary').textContent"
+                                       f".startsWith('step {args.steps - 1}:')")
                 page.click(f".group-card[data-group='{args.groups - 1}']")
                 page.select_option("#colour", "ratio")
                 browses.append(time.perf_counter() - start)
@@ -64,7 +68,8 @@ def main() -> None:
             assert not errors, errors
     rollouts = args.steps * args.groups * args.per_group
     print(f"{args.steps} steps x {args.groups * args.per_group} rollouts ({rollouts:,}) of {args.tokens} tokens: "
-          f"page {size / 2**20:.1f} MiB, built in {statistics.median(builds):.2f} s, opened in "
+          f"page {size / 2**20:.2f} MiB + step files {files / 2**20:.1f} MiB, built in "
+          f"{statistics.median(builds):.2f} s, opened in "
           f"{statistics.median(opens):.2f} s, last step + group + ratio colouring in "
           f"{statistics.median(browses):.2f} s")
 

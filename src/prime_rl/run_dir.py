@@ -16,6 +16,7 @@ only one that spells its names (docs/architecture.md has the contract of each fi
       metrics.jsonl (+ .lock)            every metric of every component, one JSON line per step
       metrics.png                        `rl`'s plot at the end
       viewer.html                        the rollout viewer's page (`prime-rl view`, on demand)
+      viewer_steps/step_N.js             its steps' data when the run is too large for one file
       wandb/                             W&B's local files
 
 Checkpoints
@@ -126,6 +127,16 @@ def metrics_plot(output_dir: Path) -> Path:
 def viewer_page(output_dir: Path) -> Path:
     """Where `prime-rl view` writes the run's rollout viewer by default."""
     return Path(output_dir) / VIEWER_PAGE
+
+
+def viewer_step_files(page: Path) -> Path:
+    """The folder beside a viewer page that holds its steps' data when they are not in the page (`viewer/view.py`):
+    `viewer.html` -> `viewer_steps/`."""
+    return Path(page).with_name(Path(page).stem + "_steps")
+
+
+def viewer_step_file(folder: Path, step: int) -> Path:
+    return Path(folder) / f"step_{step}.js"
 
 
 def rollouts_root(output_dir: Path) -> Path:

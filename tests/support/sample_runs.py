@@ -29,15 +29,17 @@ def rollout_line(step: int, group: int, rollout: int, rng: random.Random, text: 
                         "weight_steps": [step] * tokens}]}
 
 
-def samples_run(root: Path, steps: int, groups: int, per_group: int, tokens: int = 40, seed: int = 0) -> Path:
-    """A run directory of `steps` steps of `groups` x `per_group` rollouts, each step with a trainer record of its kept
-    samples (logprobs near the sampler's, an outcome mix), and a metrics.jsonl reward curve."""
+def samples_run(root: Path, steps: int, groups: int, per_group: int, tokens: int = 40, seed: int = 0,
+                text: str | None = None) -> Path:
+    """A run directory of `steps` steps of `groups` x `per_group` rollouts (each completion `text` if given), each step
+    with a trainer record of its kept samples (logprobs near the sampler's, an outcome mix), and a metrics.jsonl reward
+    curve."""
     rng = random.Random(seed)
     with open(root / "metrics.jsonl", "w") as metrics:
         for step in range(steps):
             directory = rollout_dir(root, step)
             directory.mkdir(parents=True)
-            lines = [rollout_line(step, g, r, rng, tokens=tokens) for g in range(groups) for r in range(per_group)]
+            lines = [rollout_line(step, g, r, rng, text, tokens) for g in range(groups) for r in range(per_group)]
             samples_file(directory).write_text("".join(json.dumps(line) + "\n" for line in lines))
             with open(token_outcomes_file(directory, 0), "w") as f:
                 for line in lines:

@@ -1,7 +1,8 @@
 """The rollout viewer in a real browser: Debian's headless Chromium driven by Playwright (`tests/support/browser.py`).
 The pages of real runs (reverse-text, and a multi-turn run of an agent calling a tool) are browsed as a reader
 would: a step from the reward curve, a group side by side, filters, every token colouring, a screenshot; hostile
-text renders as text; a run of 400 steps x 64 samples opens in under 2 seconds."""
+text renders as text; a run of 400 steps x 64 samples opens in under 2 seconds from a small page and a file per
+step."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ import time
 
 import pytest
 
-from prime_rl.run_dir import rollout_dir, samples_file, token_outcomes_file, viewer_page
+from prime_rl.run_dir import (
+    rollout_dir,
+    samples_file,
+    token_outcomes_file,
+    viewer_page,
+    viewer_step_file,
+    viewer_step_files,
+)
 from prime_rl.viewer.collect import collect
 from prime_rl.viewer.page import render_page
 from prime_rl.viewer.view import main as prime_rl
+from prime_rl.viewer.view import write_view
 from tests.support.browser import chromium_page, open_page
 from tests.support.rl_in_process import on_policy_run
 from tests.support.sample_runs import rollout_line, samples_run
@@ -95,7 +104,11 @@ def test_a_real_runs_page_browses_steps_groups_filters_and_colourings(tmp_path, 
 
 
 @pytest.mark.slow
-def test_hostile_text_renders_as_text_and_runs_nothing(tmp_path):
+@pytest.mark.parametrize("one_file", [True, False], ids=["steps in the page", "step files"])
+def test_hostile_text_renders_as_text_and_runs_nothing(tmp_path, monkeypatch, one_file):
+    from prime_rl.viewer import view
+
+    monkeypatch.setattr(view, "ONE_FILE_MIB", 0)  # without --one-file every run's steps are files
     long_line = "x" * 100_000
     texts = ["</script><script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 2">',
              "\u202eright to left override", long_line]
@@ -116,7 +129,8 @@ def test_hostile_text_renders_as_text_and_runs_nothing(tmp_path):
     samples_file(directory).write_bytes(b"\n".join(lines) + b"\n")
     token_outcomes_file(directory, 0).write_text(
         '{"key": 9, "logprobs": [null, -1.0, -3.0], "advantages": [0.5, 0.5, 0], "outcomes": "xk-"}\n')
-    path = write_page(tmp_path, ids_as_letters)
+    path = write_view(tmp_path, one_file=one_file, decode=ids_as_letters)
+    assert viewer_step_files(path).is_dir() is not one_file
     with chromium_page(width=1200) as (page, errors):
         open_page(page, path.as_uri() + "#step=0&group=2&colour=constructor")  # not a colouring: plain text
         assert page.text_content("#detail h2").startswith("group 2 · None")
@@ -144,19 +158,27 @@ def test_hostile_text_renders_as_text_and_runs_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_of_400_steps_of_64_samples_opens_in_under_2_seconds(tmp_path):
-    path = write_page(samples_run(tmp_path, steps=400, groups=8, per_group=8), ids_as_letters)
+def test_a_run_of_400_steps_of_64_samples_opens_in_under_2_seconds_from_a_small_page(tmp_path):
+    """33 MiB of rollouts: `prime-rl view` writes a page of the run's summary and a file per step beside it, which
+    the page loads when the step is opened (from the file system, under the page's policy)."""
+    root = samples_run(tmp_path, steps=400, groups=8, per_group=8)
+    path = write_view(root, decode=ids_as_letters)
+    assert path.stat().st_size < 2**20 and viewer_step_files(path).is_dir()
     with chromium_page() as (page, errors):
         start = time.perf_counter()
         open_page(page, path.as_uri())
         opened = time.perf_counter() - start
         start = time.perf_counter()
         page.click("#curve rect[data-step='399']")
+        page.wait_for_function("document.getElementById('summary').textContent.startsWith('step 399:')")
         page.click(".group-card[data-group='7']")
         page.select_option("#colour", "ratio")
         browsed = time.perf_counter() - start
         assert page.text_content("#summary").startswith("step 399: 64 rollouts in 8 groups")
         assert errors == []
-    print(f"page {path.stat().st_size / 2**20:.1f} MiB: opened in {opened:.2f} s, last step's group and colouring "
-          f"in {browsed:.2f} s")
+        viewer_step_file(viewer_step_files(path), 398).unlink()  # a step file lost: the page says so
+        page.click("#curve rect[data-step='398']")
+        page.wait_for_selector("text=must stay beside it")
+    print(f"page {path.stat().st_size / 2**20:.2f} MiB: opened in {opened:.2f} s, last step's file, group and "
+          f"colouring in {browsed:.2f} s")
     assert opened < 2.0, opened

@@ -107,3 +107,58 @@ def test_a_page_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(tm
     assert exit_info.value.code != 0 and "no space left on device" in capsys.readouterr().err
     assert sorted(p.name for p in root.iterdir()) == ["metrics.jsonl", "rollouts"]
 
+
+
+@pytest.fixture
+def split_run(tmp_path, monkeypatch):
+    """A run whose rollouts are over the one-file size (set to 0 MiB here): its page and step files."""
+    from prime_rl.viewer import view
+
+    monkeypatch.setattr(view, "ONE_FILE_MIB", 0)
+    root = samples_run(tmp_path, steps=3, groups=2, per_group=2, text="<b>&</b>")
+    return root, view.write_view(root, decode=lambda ids: {i: "x" for i in ids})
+
+
+def test_a_large_runs_page_holds_no_rollout_and_each_step_is_a_file_beside_it(split_run):
+    from prime_rl.run_dir import viewer_step_file, viewer_step_files
+    from prime_rl.viewer.view import write_view
+
+    root, page = split_run
+    text = page.read_text()
+    assert 'id="step-' not in text and '"step_files":"viewer_steps"' in text and "script-src 'sha256-" in text
+    assert "'self'" in text.split("script-src", 1)[1].split(";", 1)[0]
+    folder = viewer_step_files(page)
+    assert sorted(p.name for p in folder.iterdir()) == ["step_0.js", "step_1.js", "step_2.js"]
+    for step in range(3):
+        script = viewer_step_file(folder, step).read_text()
+        assert script.startswith(f"window.primeRlStep({step}, [") and script.endswith("]);\n")
+        assert not set("<>&") & set(script), "a text could end the call or be read as markup"
+    # --one-file embeds every step and takes the folder of the earlier write away
+    write_view(root, one_file=True, decode=lambda ids: {i: "x" for i in ids})
+    assert 'id="step-2"' in page.read_text() and "'self'" not in page.read_text() and not folder.exists()
+
+
+def test_the_server_answers_the_page_and_its_step_files_and_nothing_else(split_run):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from prime_rl.viewer.view import page_server
+
+    root, page = split_run
+    server = page_server(page, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert urllib.request.urlopen(base + "/").read() == page.read_bytes()
+        step = urllib.request.urlopen(base + "/viewer_steps/step_1.js")
+        assert step.headers["Content-Type"].startswith("text/javascript")
+        assert step.read().startswith(b"window.primeRlStep(1, ")
+        for path in ("/viewer_steps/step_9.js", "/metrics.jsonl", "/viewer_steps/../metrics.jsonl",
+                     "/viewer_steps/step_1.json", "/rollouts/step_0/samples.jsonl"):
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(base + path)
+            assert answer.value.code == 404, path
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,10 +1,14 @@
-"""The viewer's page: one HTML file that opens from the file system with no network (no CDN, no request of any
-kind: its Content-Security-Policy allows nothing but its own script and style, by hash).
+"""The viewer's page: an HTML file that opens from the file system with no network (no CDN, no request of any
+kind: its Content-Security-Policy allows nothing but its own script and style, by hash, and, for a large run, the
+step files beside it).
 
-Run data is embedded as JSON in `<script type="application/json">` blocks, one per step (parsed when the step is
-opened, so a run of hundreds of steps opens at once), with every `<`, `>` and `&` written as a \\u escape and every
-non-ASCII character too: no text of a completion can end the block or be read as markup, and bytes that were not
-UTF-8 arrive as U+FFFD. The script (`assets/viewer.js`) puts text on the page with `textContent` only.
+A short run's data is embedded as JSON in `<script type="application/json">` blocks, one per step (parsed when the
+step is opened): the page is one file. A large run's page holds the run's summary alone (steps, reward curve, token
+texts) and each step's rollouts are a file beside it, `<page>_steps/step_N.js` = `window.primeRlStep(N, <json>);`
+(`step_script`), loaded when the step is opened, so the page stays small however long the run. Either way every `<`,
+`>` and `&` of the JSON is written as a \\u escape and every non-ASCII character too: no text of a completion can end
+a block or be read as markup or code, and bytes that were not UTF-8 arrive as U+FFFD. The script
+(`assets/viewer.js`) puts text on the page with `textContent` only.
 """
 
 from __future__ import annotations
@@ -66,16 +70,25 @@ def reward_curve(run_dir: Path, run: RunSamples) -> list[list[float | None]]:
     return curve
 
 
-def render_page(run_dir: Path, run: RunSamples) -> str:
-    """The whole page of `run` (read from `run_dir`)."""
+def step_script(step: int, rows: list[dict[str, Any]]) -> str:
+    """A step file's text: one call of the page's `primeRlStep` with the step's rollouts (JSON, escaped as in the
+    page: JSON is an expression of JavaScript, and no character of it can end the call)."""
+    return f"window.primeRlStep({int(step)}, {json_block(rows)});\n"
+
+
+def render_page(run_dir: Path, run: RunSamples, step_files: str | None = None) -> str:
+    """The whole page of `run` (read from `run_dir`): the steps embedded, or with `step_files` (the folder's name
+    beside the page) loaded from there."""
     script, style = asset("viewer.js"), asset("viewer.css")
     meta = {"name": run.name, "steps": sorted(run.steps), "curve": reward_curve(run_dir, run),
             "envs": sorted({r["env"] for rows in run.steps.values() for r in rows}),
             "vocab": {str(k): v for k, v in run.vocab.items()}, "notes": run.notes,
-            "left_out": {str(k): v for k, v in run.left_out.items()}}
-    policy = f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; img-src data:"
-    steps = "\n".join(f'<script type="application/json" id="step-{step}">{json_block(rows)}</script>'
-                      for step, rows in sorted(run.steps.items()))
+            "left_out": {str(k): v for k, v in run.left_out.items()}, "step_files": step_files}
+    scripts = csp_hash(script) + (" 'self'" if step_files else "")
+    policy = f"default-src 'none'; script-src {scripts}; style-src {csp_hash(style)}; img-src data:"
+    steps = "" if step_files else "\n".join(
+        f'<script type="application/json" id="step-{step}">{json_block(rows)}</script>'
+        for step, rows in sorted(run.steps.items()))
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
             f'<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'

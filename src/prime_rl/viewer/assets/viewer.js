@@ -1,6 +1,8 @@
 // The rollout viewer's script (prime_rl/viewer). Every piece of run data reaches the page as text: elements are
 // made with createElement and filled with textContent, never parsed as markup, and the page's policy runs this
-// script alone. The data sits in JSON script blocks (type application/json), one per step, parsed when opened.
+// script alone. A step's data sits in a JSON script block (type application/json) of the page, parsed when the
+// step is opened, or for a large run in the step file beside the page (meta.step_files/step_N.js), loaded then: it
+// calls window.primeRlStep(N, rows).
 "use strict";
 
 const meta = JSON.parse(document.getElementById("run-meta").textContent);
@@ -24,9 +26,28 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function stepRows(step) {
-  if (!cache.has(step)) cache.set(step, JSON.parse(document.getElementById("step-" + step).textContent));
-  return cache.get(step);
+const waiting = new Map();  // step -> the resolve of its file's load
+
+window.primeRlStep = function (step, rows) {
+  cache.set(step, rows);
+  const done = waiting.get(step);
+  if (done) { waiting.delete(step); done(rows); }
+};
+
+function loadStep(step) {  // a Promise of the step's rows
+  if (cache.has(step)) return Promise.resolve(cache.get(step));
+  const block = document.getElementById("step-" + step);
+  if (block) {
+    cache.set(step, JSON.parse(block.textContent));
+    return Promise.resolve(cache.get(step));
+  }
+  return new Promise((resolve, reject) => {
+    const src = encodeURIComponent(meta.step_files) + "/step_" + Number(step) + ".js";
+    waiting.set(step, resolve);
+    const script = el("script", {src: src});
+    script.addEventListener("error", () => { waiting.delete(step); reject(new Error("cannot load " + src)); });
+    document.head.append(script);
+  });
 }
 
 function fmt(value, digits) {
@@ -358,7 +379,16 @@ function summary(rows, step) {
 }
 
 function render() {
-  const rows = stepRows(state.step);
+  const step = state.step;
+  loadStep(step).then(rows => { if (state.step === step) draw(rows); }, error => {
+    document.getElementById("app").replaceChildren(
+      el("div", {class: "note", text: `step ${step}: ${error.message} (the page's ${meta.step_files}/ folder ` +
+                                      "must stay beside it)"}));
+    document.documentElement.dataset.ready = "1";
+  });
+}
+
+function draw(rows) {
   const groups = groupsOf(rows);
   const list = el("section", {id: "groups"});
   let detail = null;
@@ -376,9 +406,9 @@ function render() {
     curve(), controls(), summary(rows, state.step),
     el("main", {}, list, detail || el("section", {id: "detail", class: "empty",
                                                    text: "click a group to read its rollouts side by side"})));
+  document.documentElement.dataset.ready = "1";
 }
 
 readHash();
 render();
 window.addEventListener("hashchange", () => { readHash(); render(); });
-document.documentElement.dataset.ready = "1";
