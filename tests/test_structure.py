@@ -239,12 +239,22 @@ def test_the_trainer_and_the_orchestrator_never_import_each_other(importer, impo
     assert not internals
 
 
-def test_the_advantages_import_no_component():
-    # Imported by the orchestrator and the trainer alike, so it may not import either (or any other component).
-    found = list(modules(SRC / "advantages"))
+@pytest.mark.parametrize("layer", ["advantages", "openai_api"])
+def test_a_layer_below_the_components_imports_none(layer):
+    # advantages: imported by the orchestrator and the trainer alike; openai_api: by the inference server and the
+    # orchestrator's agent gateway. So neither may import those (or any other component).
+    found = list(modules(SRC / layer))
     upward = {f"{path.relative_to(SRC)} imports {name}" for path, tree in found for name in imported(tree)
               if name.split(".")[1:2] and name.split(".")[1] in COMPONENTS}
     assert found and not upward
+
+
+def test_the_orchestrator_imports_of_the_server_and_the_trainer_their_configs_only():
+    # The agent gateway answers as the server does through the shared layer `openai_api`, not the server's modules.
+    internals = {f"{path.relative_to(SRC)} imports {name}"
+                 for path, tree in modules(SRC / "orchestrator") for name in imported(tree)
+                 if name.split(".")[1:2] in (["inference"], ["trainer"]) and name.split(".")[-1] != "config"}
+    assert not internals
 
 
 def test_no_component_imports_the_launcher():

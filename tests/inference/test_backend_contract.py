@@ -62,12 +62,12 @@ import httpx
 import pytest
 
 from prime_rl.configs.base import BaseConfig
-from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.builtin.app import create_app
 from prime_rl.inference.config import BACKENDS
 from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.protocol import budget_overflow, context_overflow
 from prime_rl.inference.vllm.middleware import CONTEXT_ENV, SERVED_NAME_ENV
+from prime_rl.openai_api.access import AccessPolicy
+from prime_rl.openai_api.protocol import budget_overflow, context_overflow
 from tests.support.fake_vllm import FakeEngineClient, fake_vllm_app, weight_dir
 
 KEY = "contract-key"

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from prime_rl.inference.access import resolve_roots
 from prime_rl.inference.gate import GateTimeout, WeightGate
 from prime_rl.inference.weight_dirs import WeightPathForbidden
+from prime_rl.openai_api.access import resolve_roots
 from prime_rl.utils.errors import UserError
 from tests.support.weight_dirs import check_weight_dir
 

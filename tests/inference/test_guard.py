@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from prime_rl.inference.access import AccessPolicy
-from prime_rl.inference.guard import RequestGuard, host_allowed
+from prime_rl.openai_api.access import AccessPolicy
+from prime_rl.openai_api.guard import RequestGuard, host_allowed
 
 KEY = "s3cret-key"
 

@@ -7,10 +7,10 @@ import asyncio
 import httpx
 import pytest
 
-from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.builtin.app import create_app
 from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.protocol import ChatRequest, CompletionRequest, ResetRequest, UpdateWeightsRequest
+from prime_rl.openai_api.access import AccessPolicy
+from prime_rl.openai_api.protocol import ChatRequest, CompletionRequest, ResetRequest, UpdateWeightsRequest
 from tests.inference.builtin.test_app import StubEngine
 
 BODIES = {"/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest,

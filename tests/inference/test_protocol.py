@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from prime_rl.inference.protocol import (
+from prime_rl.openai_api.protocol import (
     INT64_MAX,
     INT64_MIN,
     MAX_JSON_DEPTH,

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.protocol import UpdateWeightsRequest
 from prime_rl.inference.update import update_weights
+from prime_rl.openai_api.protocol import UpdateWeightsRequest
 from prime_rl.utils.errors import UserError
 
 

@@ -21,10 +21,10 @@ from prime_rl.inference import weight_dirs as weights_module
 from prime_rl.inference.builtin.app import BuiltinLoader
 from prime_rl.inference.builtin.engine import Engine
 from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.protocol import UpdateWeightsRequest
 from prime_rl.inference.update import update_weights
 from prime_rl.inference.weight_check import read_config, verify_weight_dir
 from prime_rl.inference.weight_dirs import WeightPathForbidden, open_pinned, open_update_dir, open_weight_dir
+from prime_rl.openai_api.protocol import UpdateWeightsRequest
 from prime_rl.utils.errors import UserError
 from tests.support.weight_dirs import EMBED
 

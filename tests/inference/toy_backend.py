@@ -2,9 +2,9 @@
 registration: importing it registers `ToyConfig` (`[inference.toy]`, no options) and `serve_toy` in `BACKENDS`.
 
 Its engine is a stand-in: one token per character (the code point), every choice the completion `ANSWER` cut at
-`max_tokens`, every token logprob `LOGPROB`. Everything else is the shared API (`inference/api.py`: the guard, JSON
-errors, strict parsing, the context and budget checks, the answer shapes, `/health`, `/v1/models`, `/reset`,
-`/update_weights` with this module's `ToyLoader`).
+`max_tokens`, every token logprob `LOGPROB`. Everything else is the shared API (`openai_api/http_api.py`: the guard,
+JSON errors, strict parsing, the context and budget checks, the answer shapes; `inference/api.py`: `/health`,
+`/v1/models`, `/reset`, `/update_weights` with this module's `ToyLoader`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from fastapi import FastAPI, Request
 
 from prime_rl.configs.base import BaseConfig
 from prime_rl.inference import api
-from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.config import BACKENDS, InferenceConfig
 from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.protocol import ChatRequest, Completion, CompletionRequest, SamplingFields
 from prime_rl.inference.weight_dirs import WeightDir
+from prime_rl.openai_api import http_api
+from prime_rl.openai_api.access import AccessPolicy
+from prime_rl.openai_api.protocol import ChatRequest, Completion, CompletionRequest, SamplingFields
 
 ANSWER, LOGPROB = "toy!", -0.5
 
@@ -71,33 +72,33 @@ class ToyLoader:
 
 def create_app(engine: ToyEngine, served_model: str, context_len: int, gate: WeightGate,
                access: AccessPolicy) -> FastAPI:
-    app = api.json_app("toy inference", access)
-    texts = api.token_texts(decode)
+    app = api.server_app("toy inference", access)
+    texts = http_api.token_texts(decode)
 
     async def generate(prompts: list[list[int]], body: SamplingFields) -> tuple[list[list[Completion]], int]:
-        limits = api.completion_limits([len(p) for p in prompts], body, context_len, access.max_request_tokens)
+        limits = http_api.completion_limits([len(p) for p in prompts], body, context_len, access.max_request_tokens)
         async with gate.request() as step:
             return [engine.generate(p, limit, body.n) for p, limit in zip(prompts, limits, strict=True)], step
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body: ChatRequest = await api.parse(request, ChatRequest)
-        api.check_model(body, served_model)
+        body: ChatRequest = await http_api.parse(request, ChatRequest)
+        http_api.check_model(body, served_model)
         prompt = encode("".join(f"{m.role}: {m.content or ''}\n" for m in body.messages))
         (completions,), step = await generate([prompt], body)
-        choices = [api.chat_choice(i, c, texts) for i, c in enumerate(completions)]
-        return api.answer("chat.completion", served_model, prompt, step, choices)
+        choices = [http_api.chat_choice(i, c, texts) for i, c in enumerate(completions)]
+        return http_api.answer("chat.completion", served_model, prompt, step, choices)
 
     @app.post("/v1/completions")
     async def complete(request: Request):
-        body: CompletionRequest = await api.parse(request, CompletionRequest)
-        api.check_model(body, served_model)
+        body: CompletionRequest = await http_api.parse(request, CompletionRequest)
+        http_api.check_model(body, served_model)
         prompts = body.prompt if body.batched else [encode(body.prompt) if isinstance(body.prompt, str)
                                                     else body.prompt]
         answers, step = await generate(prompts, body)
         pairs = [(p, c) for p, completions in zip(prompts, answers, strict=True) for c in completions]
-        choices = [api.completion_choice(i, c, texts, p) for i, (p, c) in enumerate(pairs)]
-        return api.answer("text_completion", served_model, prompts[0], step, choices, sum(map(len, prompts)))
+        choices = [http_api.completion_choice(i, c, texts, p) for i, (p, c) in enumerate(pairs)]
+        return http_api.answer("text_completion", served_model, prompts[0], step, choices, sum(map(len, prompts)))
 
     api.add_service_routes(app, served_model=served_model, context_len=context_len, gate=gate,
                            loader=ToyLoader(engine), weight_roots=access.weight_roots, reset_caches=lambda: None)

@@ -159,6 +159,32 @@ def test_a_key_opens_its_own_session_only_and_none_after_it_ended():
     assert asyncio.run(run()).segments[0].calls == 1
 
 
+def test_the_gateway_answers_in_the_servers_shapes():
+    """The envelope, usage and model card come from `openai_api.http_api`, as the inference server's do: the same
+    top-level keys, the served weight step and prompt ids, each choice's token ids and their weight steps."""
+    from prime_rl.openai_api.http_api import answer, model_card
+
+    gateway, server = gateway_for(lambda prompt: "ok")
+
+    async def run():
+        session = gateway.open_session(SamplingRule(1.0), 64)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app)) as raw:
+            auth = {"Authorization": f"Bearer {session.key}"}
+            chat = await raw.post(f"{session.base_url}/chat/completions", headers=auth,
+                                  json={"model": "policy", "messages": [{"role": "user", "content": "hi"}]})
+            models = await raw.get(f"{session.base_url}/models", headers=auth)
+        return chat.json(), models.json()
+
+    chat, models = asyncio.run(run())
+    assert set(chat) == set(answer("chat.completion", "policy", [1], 0, []))
+    (choice,) = chat["choices"]
+    assert chat["weight_step"] == 1 and chat["prompt_token_ids"] and choice["token_ids"] == server.sampled[0]
+    assert choice["token_weight_steps"] == [1] * len(choice["token_ids"])
+    assert chat["usage"] == {"prompt_tokens": len(chat["prompt_token_ids"]), "completion_tokens": len(
+        choice["token_ids"]), "total_tokens": len(chat["prompt_token_ids"]) + len(choice["token_ids"])}
+    assert models == model_card("policy", 4096)
+
+
 @pytest.mark.slow
 def test_two_hundred_concurrent_sessions_keep_every_call_in_its_own_rollout():
     gateway, _ = gateway_for(lambda prompt: "echo " + re.findall(r"rollout \d+", prompt)[-1])
@@ -208,7 +234,7 @@ def test_a_conversation_that_fills_the_context_is_refused_before_anything_is_gen
 
     async def run():
         session = gateway.open_session(SamplingRule(1.0), 64)
-        with pytest.raises(openai.BadRequestError, match=r"fills the context \(12\)"):
+        with pytest.raises(openai.BadRequestError, match=r"conversation \(\d+ tokens\) fills the context length 12"):
             await agent(gateway, session).chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": "a question longer than the context"}])
         return gateway.close_session(session.id).stitcher

@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 from prime_rl.batch_format import read_rank
 from prime_rl.envs import Example, Reward
 from prime_rl.envs.environment import SyntheticEnvironment
-from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.vllm.middleware import IN_FLIGHT_KV_ENV
+from prime_rl.openai_api.access import AccessPolicy
 from prime_rl.orchestrator.client import InferenceClient, InferenceError
 from prime_rl.orchestrator.config import ClientConfig, OrchestratorConfig
 from prime_rl.orchestrator.orchestrator import Orchestrator

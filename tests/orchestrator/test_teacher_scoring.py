@@ -21,13 +21,13 @@ from prime_rl.configs.loss import LOSSES
 from prime_rl.inference.builtin.app import create_app
 from prime_rl.inference.builtin.engine import Engine, shared_prefixes
 from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.protocol import MAX_PROMPTS
 from prime_rl.inference.vllm.middleware import PrimeRLMiddleware, prompt_logprobs_problem
 from prime_rl.launch import plan, rl
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.models.char_tokenizer import build_char_tokenizer
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.models.tiny_model import save_random_model
+from prime_rl.openai_api.protocol import MAX_PROMPTS
 from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.client import InferenceError, parse_batch_prompt_logprobs
 from prime_rl.orchestrator.config import ClientConfig, OrchestratorConfig, TeacherConfig

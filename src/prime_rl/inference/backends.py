@@ -62,10 +62,10 @@ class BuiltinServer:
 def builtin_server(config: InferenceConfig) -> BuiltinServer:
     """Bind, load the model and build the app of a builtin server (`serve_builtin` serves it; the test suite
     serves it in a thread)."""
-    from prime_rl.inference.access import AccessPolicy
     from prime_rl.inference.builtin.app import create_app
     from prime_rl.inference.builtin.engine import Engine
     from prime_rl.inference.gate import WeightGate
+    from prime_rl.openai_api.access import AccessPolicy
 
     log = setup_logging("inference")
     sock = bind(config.host, config.port)  # before loading: a busy port fails fast

@@ -14,7 +14,7 @@ from prime_rl.configs.base import BaseConfig, EntrypointConfig
 from prime_rl.configs.extensions import Registry
 from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.validators import ApiKey, Host
-from prime_rl.inference.access import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_REQUEST_TOKENS
+from prime_rl.openai_api.access import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_REQUEST_TOKENS
 from prime_rl.utils.devices import cuda_device_count
 
 # Seconds the server keeps an idle HTTP connection open. Longer than clients keep theirs (the orchestrator's

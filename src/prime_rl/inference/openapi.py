@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from prime_rl.inference.protocol import COMPLETION_MARK, TOKEN_ID_MARK
+from prime_rl.openai_api.protocol import COMPLETION_MARK, TOKEN_ID_MARK
 
 SCHEMAS = "#/components/schemas/{model}"
 

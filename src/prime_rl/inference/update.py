@@ -28,9 +28,9 @@ from contextlib import ExitStack
 from typing import Any, Protocol
 
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.guard import error_payload
-from prime_rl.inference.protocol import UpdateWeightsRequest
 from prime_rl.inference.weight_dirs import WeightDir, WeightPathForbidden, open_update_dir
+from prime_rl.openai_api.guard import error_payload
+from prime_rl.openai_api.protocol import UpdateWeightsRequest
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import get_logger
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,10 +41,10 @@ from pydantic import model_validator
 
 from prime_rl.chat.reasoning import split_reasoning
 from prime_rl.chat.template_tokens import ChatTokens
-from prime_rl.inference.access import AccessPolicy
-from prime_rl.inference.api import HTTPError, chat_message, json_app, parse
-from prime_rl.inference.protocol import ChatRequest, Completion
 from prime_rl.models.sampling_rule import SamplingRule
+from prime_rl.openai_api.access import AccessPolicy
+from prime_rl.openai_api.http_api import HTTPError, answer, chat_message, context_room, json_app, model_card, parse
+from prime_rl.openai_api.protocol import ChatRequest, Completion
 from prime_rl.orchestrator.agent_stitching import SessionStitcher
 from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion, call_seed
 from prime_rl.orchestrator.config import ReasoningConfig
@@ -148,6 +147,10 @@ def _events(answer: dict[str, Any]) -> AsyncIterator[bytes]:
     return chunks()
 
 
+SESSION_REFUSED = "invalid API key for this session (or the session has ended)"
+"""The one 401 of a session's routes: a wrong key, an unknown session and an ended one answer alike."""
+
+
 class AgentGateway:
     """The sessions of a run's agent rollouts and the HTTP app that serves them (module docstring)."""
 
@@ -185,24 +188,25 @@ class AgentGateway:
         session = self.sessions.get(session_id)
         sent = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if session is None or not secrets.compare_digest(sent.encode(), session.key.encode()):
-            raise HTTPError(401, "invalid API key for this session (or the session has ended)")
+            raise HTTPError(401, SESSION_REFUSED)
         return session
 
     async def chat(self, session: Session, body: AgentChatRequest) -> dict[str, Any]:
         """One call of `session` (module docstring, steps 1-4): the chat.completion answer."""
         async with session.lock:
             if session.closed:  # a call that waited for the lock while its rollout ended
-                raise HTTPError(401, "invalid API key for this session (or the session has ended)")
+                raise HTTPError(401, SESSION_REFUSED)
             tools = body.template_tools()
             messages = [m.template_dict() for m in body.messages]
             try:
                 prompt_ids = await asyncio.to_thread(session.stitcher.begin_call, messages, tools)
             except Exception as exc:  # a template that cannot render these messages
                 raise HTTPError(400, f"the chat template cannot render this conversation: {exc}") from None
-            room = self.seq_len - len(prompt_ids)
-            if room < 1:
+            try:
+                room = context_room(len(prompt_ids), self.seq_len, "conversation")
+            except HTTPError:
                 session.stitcher.abandon_call()
-                raise HTTPError(400, f"the conversation ({len(prompt_ids)} tokens) fills the context ({self.seq_len})")
+                raise
             limit = min(session.max_tokens, room, body.max_tokens or session.max_tokens)
             try:
                 result = await self.client.complete(prompt_ids, 1, session.rule, limit,
@@ -212,7 +216,7 @@ class AgentGateway:
                 raise
             if session.closed:  # the rollout ended while this call generated: nothing of it trains
                 session.stitcher.abandon_call()
-                raise HTTPError(401, "invalid API key for this session (or the session has ended)")
+                raise HTTPError(401, SESSION_REFUSED)
             (completion,) = result.completions
             message, finish = assistant_message(completion, body.parses_tool_calls, self.reasoning)
             for call in message.get("tool_calls") or ():  # ids unique in the session (SDKs refuse a reused one)
@@ -223,11 +227,9 @@ class AgentGateway:
         answer_message = dict(message)
         if "reasoning_content" in message:
             answer_message["reasoning"] = message["reasoning_content"]
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion.token_ids),
-                 "total_tokens": len(prompt_ids) + len(completion.token_ids)}
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.model or self.served_model, "usage": usage,
-                "choices": [{"index": 0, "message": answer_message, "finish_reason": finish, "logprobs": None}]}
+        choice = {"index": 0, "message": answer_message, "finish_reason": finish, "logprobs": None,
+                  "token_ids": completion.token_ids, "token_weight_steps": completion.weight_steps}
+        return answer("chat.completion", body.model or self.served_model, prompt_ids, result.weight_step, [choice])
 
     def _build_app(self) -> FastAPI:
         app = json_app("prime-rl agent gateway", AccessPolicy())
@@ -244,6 +246,6 @@ class AgentGateway:
         @app.get("/sessions/{session_id}/v1/models")
         async def models(session_id: str, request: Request):
             self._session(request, session_id)
-            return {"object": "list", "data": [{"id": self.served_model, "object": "model", "owned_by": "prime-rl"}]}
+            return model_card(self.served_model, self.seq_len)
 
         return app

@@ -13,12 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from prime_rl.chat.tool_calls import format_tool_call
-from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.builtin.app import create_app
 from prime_rl.inference.builtin.engine import Completion, Engine
 from prime_rl.inference.gate import WeightGate
 from prime_rl.models.char_tokenizer import build_char_tokenizer
 from prime_rl.models.tiny_model import save_random_model
+from prime_rl.openai_api.access import AccessPolicy
 
 ANSWER = "ok, <|im_end|>"  # several tokens, a special one among them
 

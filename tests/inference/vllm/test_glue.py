@@ -18,7 +18,6 @@ import torch
 from fastapi import FastAPI, Request
 from safetensors.torch import save_file
 
-from prime_rl.inference.access import KEY_ENV, POLICY_ENV, AccessPolicy
 from prime_rl.inference.config import InferenceConfig
 from prime_rl.inference.vllm import launch
 from prime_rl.inference.vllm.launch import vllm_args
@@ -34,6 +33,7 @@ from prime_rl.inference.vllm.middleware import (
 from prime_rl.inference.vllm.worker import WeightDirWorkerExtension
 from prime_rl.inference.weight_dirs import open_weight_dir
 from prime_rl.models import embedded as embedded_models
+from prime_rl.openai_api.access import KEY_ENV, POLICY_ENV, AccessPolicy
 from prime_rl.utils.errors import UserError
 from tests.support.fake_vllm import FakeEngineClient, app_client, fake_vllm_app, stepped_app, weight_dir
 

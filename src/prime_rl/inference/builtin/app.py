@@ -1,16 +1,16 @@
 """The builtin backend's HTTP API (FastAPI), in the response shapes of vLLM's OpenAI server.
 
-Built from the pieces every backend's app shares (`inference/api.py`: the guard, JSON errors, strict parsing,
-the context and token-budget checks, the answer envelope and choices, `/health`, `/v1/models`, `/update_weights`,
-`/reset`); what is the builtin engine's own is here: chat templating and tokenization, prompt token ids below the
-vocabulary, tool-call parsing, prompt logprobs, and its `WeightLoader`.
+Built from the pieces every backend's app shares (`openai_api/http_api.py`: the guard, JSON errors, strict
+parsing, the context and token-budget checks, the answer envelope and choices; `inference/api.py`: `/health`,
+`/v1/models`, `/update_weights`, `/reset`); what is the builtin engine's own is here: chat templating and
+tokenization, prompt token ids below the vocabulary, tool-call parsing, prompt logprobs, and its `WeightLoader`.
 
 Every completion response has top-level `prompt_token_ids` and `weight_step` (the step
 its first tokens were sampled under: the engine's step when it prefilled the prompt);
 every choice has `token_ids`, `token_weight_steps` (the step each token was sampled
 under, one per token id), `finish_reason` and logprobs (chat: `logprobs.content[]`,
 completions: `logprobs.token_logprobs`); a token's text is decoded once per server
-(`api.token_texts`). A completions request with `prompt_logprobs: 0` (the teacher's scoring call)
+(`http_api.token_texts`). A completions request with `prompt_logprobs: 0` (the teacher's scoring call)
 also gets vLLM's per-choice `prompt_logprobs`, computed from the same prefill (engine.py). Every error, the
 framework's own 404/405/500 included, is a JSON `{"error": {...}}`. Requests pass `guard.RequestGuard` first (API
 key, admin checks, body cap). Parsing, validation, chat templating and tokenization run in worker threads, so a
@@ -34,32 +34,31 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from prime_rl.chat.template_tokens import render_chat, renders_tool_calls
-from prime_rl.inference.access import AccessPolicy
-from prime_rl.inference.api import (
+from prime_rl.inference.api import add_service_routes, server_app
+from prime_rl.inference.builtin.engine import Completion, Engine, SamplingParams
+from prime_rl.inference.builtin.prompt_text import PromptText, PromptTooLong
+from prime_rl.inference.gate import WeightGate
+from prime_rl.inference.openapi import document, typed_route
+from prime_rl.inference.transfer import TransferReceiver
+from prime_rl.inference.weight_dirs import WeightDir
+from prime_rl.openai_api.access import AccessPolicy
+from prime_rl.openai_api.http_api import (
     HTTPError,
-    add_service_routes,
     answer,
     chat_choice,
     check_model,
     completion_choice,
     completion_limits,
-    json_app,
     parse,
     token_texts,
 )
-from prime_rl.inference.builtin.engine import Completion, Engine, SamplingParams
-from prime_rl.inference.builtin.prompt_text import PromptText, PromptTooLong
-from prime_rl.inference.gate import WeightGate
-from prime_rl.inference.openapi import document, typed_route
-from prime_rl.inference.protocol import (
+from prime_rl.openai_api.protocol import (
     ChatRequest,
     CompletionRequest,
     ResetRequest,
     SamplingFields,
     UpdateWeightsRequest,
 )
-from prime_rl.inference.transfer import TransferReceiver
-from prime_rl.inference.weight_dirs import WeightDir
 from prime_rl.utils.errors import UserError
 
 
@@ -88,7 +87,7 @@ class BuiltinLoader:
 def create_app(engine: Engine, served_model: str, gate: WeightGate, access: AccessPolicy | None = None,
                receiver: TransferReceiver | None = None) -> FastAPI:
     access = access or AccessPolicy()
-    app = json_app("prime-rl builtin inference", access)
+    app = server_app("prime-rl builtin inference", access)
     tokenizer = engine.tokenizer
     vocab_size = engine.vocab  # what it samples is what it accepts back as a prompt
     prompt_text = PromptText(tokenizer, engine.context_len)
@@ -109,7 +108,7 @@ def create_app(engine: Engine, served_model: str, gate: WeightGate, access: Acce
                                  prompt_logprobs=body.prompt_logprobs is not None) for max_tokens in limits]
         owner = object()
         try:
-            async with gate.request():  # a GateTimeout is a 503 (`api.json_app`)
+            async with gate.request():  # a GateTimeout is a 503 (`api.server_app`)
                 futures = [engine.submit(prompt_ids, p, body.n, owner) for prompt_ids, p in zip(prompts, params,
                                                                                                strict=True)]
                 answers = await asyncio.gather(*map(asyncio.wrap_future, futures))

@@ -57,7 +57,6 @@ from prime_rl.inference.builtin.kv_cache import (
 )
 from prime_rl.inference.builtin.merge import BaseWeights, Staged
 from prime_rl.inference.builtin.scheduler import Request, SamplingParams, Scheduler, Seq, fail_rows
-from prime_rl.inference.protocol import Completion, context_overflow
 from prime_rl.inference.sampling import processed_logprobs, sample_rows
 from prime_rl.inference.weight_check import Reference, verify_tensors, verify_weight_dir
 from prime_rl.inference.weight_dirs import WeightDir, opened
@@ -66,6 +65,7 @@ from prime_rl.models.lora_adapter import lora_delta
 from prime_rl.models.output_head import head_output_is_logits, output_embedding_as
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.models.vocabulary import tokenizer_vocab
+from prime_rl.openai_api.protocol import Completion, context_overflow
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 

@@ -28,8 +28,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prime_rl.inference.protocol import Completion
 from prime_rl.models.sampling_rule import SamplingRule
+from prime_rl.openai_api.protocol import Completion
 from prime_rl.utils.logging import get_logger
 
 if TYPE_CHECKING:

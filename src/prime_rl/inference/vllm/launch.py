@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import sys
 
-from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.config import KEEP_ALIVE_S, VLLM_MISSING, InferenceConfig, vllm_available
 from prime_rl.inference.vllm.middleware import CONTEXT_ENV, IN_FLIGHT_KV_ENV, SERVED_NAME_ENV, TIMEOUT_ENV, TRANSFER_ENV
 from prime_rl.inference.vllm.worker import WORKER_EXTENSION
+from prime_rl.openai_api.access import AccessPolicy
 from prime_rl.utils.errors import UserError
 
 MIDDLEWARE = "prime_rl.inference.vllm.middleware.PrimeRLMiddleware"

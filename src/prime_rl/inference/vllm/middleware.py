@@ -73,11 +73,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prime_rl.inference.access import AccessPolicy
 from prime_rl.inference.adapter_check import verify_adapter_dir
 from prime_rl.inference.gate import GateTimeout, WeightGate
-from prime_rl.inference.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
-from prime_rl.inference.protocol import UpdateWeightsRequest, budget_overflow, context_overflow, integral, parse_json
 from prime_rl.inference.update import update_weights
 from prime_rl.inference.vllm import token_steps
 from prime_rl.inference.vllm.abort import abort_problem, pause_aborting
@@ -101,6 +98,9 @@ from prime_rl.inference.vllm.worker import (
 )
 from prime_rl.inference.weight_check import Reference, verify_weight_dir
 from prime_rl.inference.weight_dirs import WeightDir, open_weight_dir
+from prime_rl.openai_api.access import AccessPolicy
+from prime_rl.openai_api.guard import RequestGuard, error_payload, read_body, replay, send_error, send_json
+from prime_rl.openai_api.protocol import UpdateWeightsRequest, budget_overflow, context_overflow, integral, parse_json
 from prime_rl.utils.errors import UserError, first_line
 from prime_rl.utils.logging import ensure_logging, get_logger
 

@@ -292,6 +292,11 @@ class CompletionRequest(SamplingFields):
         return isinstance(self.prompt, list) and isinstance(self.prompt[0], list)
 
 
+def context_filled(prompt_tokens: int, context_len: int, what: str = "prompt") -> str:
+    """The one line of a prompt (`what`) that leaves no room for a completion."""
+    return f"the {what} ({prompt_tokens} tokens) fills the context length {context_len}"
+
+
 def context_overflow(prompt_tokens: int, max_tokens: int, context_len: int) -> str | None:
     """Why a request cannot be served when prompt + max_tokens exceeds the context, else None.
 

@@ -22,7 +22,7 @@ import ipaddress
 import json
 from http import HTTPStatus
 
-from prime_rl.inference.access import AccessPolicy
+from prime_rl.openai_api.access import AccessPolicy
 
 ADMIN_PATHS = frozenset({"/update_weights", "/reset"})
 OPEN_PATHS = frozenset({"/health"})
