@@ -188,15 +188,15 @@ def test_a_second_rl_where_a_run_goes_on_is_refused_naming_it_and_a_dead_runs_lo
 
 def test_the_interrupt_hint_says_what_can_be_resumed(tmp_path, no_children, capsys):
     """Regression: after Ctrl-C the hint always said --ckpt.resume-step latest, which fails when no checkpoint was
-    ever written (ckpt.interval defaults to none)."""
+    ever written (none yet at the default ckpt.interval = 50)."""
     with pytest.raises(SystemExit):
         launch(rl_config(tmp_path / "run"))
     raw = capsys.readouterr().out
     start = next(line for line in raw.splitlines() if line.startswith("rl: outputs in"))
     assert len(start) > 80 and start.endswith("logs"), start  # off a terminal a line stays one line (was cut at 80)
     out = " ".join(raw.split())
-    assert "No checkpoint was written (ckpt.interval = None), so nothing can be resumed: run again with --overwrite" \
-        in out and "--ckpt.resume-step" not in out
+    assert "No checkpoint was written (ckpt.interval = 50: the first after step 50), so nothing can be resumed: run " \
+        "again with --overwrite" in out and "--ckpt.resume-step" not in out
     for part in ("trainer", "orchestrator"):
         (tmp_path / "run" / "checkpoints" / "step_2" / part).mkdir(parents=True)
         write_manifest(tmp_path / "run" / "checkpoints" / "step_2" / part)

@@ -55,14 +55,16 @@ class WandbConfig(BaseConfig):
 class CkptConfig(BaseConfig):
     """Checkpoints for resuming (trainer and orchestrator state)."""
 
-    interval: PositiveInt | None = None
-    """Checkpoint every this many steps (and always at the end); none: only at the end."""
+    interval: PositiveInt | None = 50
+    """Checkpoint every this many steps (and always at the end), so a run that dies loses at most this many steps
+    (resume with `--ckpt.resume-step latest`); none: only at the end."""
 
     resume_step: PositiveInt | Literal["latest"] | None = None
     """Resume from checkpoints/step_N (an integer) or the newest one ('latest')."""
 
-    keep: PositiveInt | None = None
-    """Keep only the newest this many checkpoints (none: keep all)."""
+    keep: PositiveInt | None = 2
+    """Keep only the newest this many complete checkpoints, so a long run's disk use stays bounded (none: keep
+    all)."""
 
 
 class RunConfig(EntrypointConfig):

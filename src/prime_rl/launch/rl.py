@@ -141,7 +141,9 @@ def resume_hint(config: RLConfig) -> str:
     if saved:
         return (f"Continue with --ckpt.resume-step latest (checkpoint step {saved[-1]} of {config.output_dir}; "
                 f"what was trained after it is run again)")
-    return (f"No checkpoint was written (ckpt.interval = {config.ckpt.interval}), so nothing can be resumed: "
+    interval = config.ckpt.interval
+    when = "only at the end" if interval is None else f"the first after step {interval}"
+    return (f"No checkpoint was written (ckpt.interval = {interval}: {when}), so nothing can be resumed: "
             f"run again with --overwrite (and --ckpt.interval N to checkpoint every N steps)")
 
 
