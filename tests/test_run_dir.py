@@ -84,16 +84,6 @@ def test_a_writer_killed_while_pruning_leaves_no_half_deleted_step(tmp_path, mon
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_8", "step_9"]
 
 
-@pytest.mark.parametrize(("newest", "kept"),
-                         [(None, [8, 9]), (9, [8, 9]), (8, [4, 8, 9]), (4, [4, 8, 9]), (2, [4, 8, 9])])
-def test_retention_up_to_a_resume_step_leaves_the_steps_after_it(tmp_path, newest, kept):
-    """A resume from step N counts the complete steps up to N alone: a resume from an older step keeps it."""
-    for step in (4, 8, 9):
-        make(tmp_path, step, "trainer", "orchestrator")
-    prune_checkpoints(tmp_path, 2, newest=newest)
-    assert list_steps(tmp_path / "checkpoints") == kept
-
-
 def test_resume_step_rules(tmp_path):
     assert resolve_resume_step(tmp_path, None) is None
     with pytest.raises(UserError, match="no complete checkpoint"):

@@ -24,7 +24,7 @@ from prime_rl.utils.errors import ConfigError
 
 def previous_run(out, marked=True):
     """A finished rl run (every artifact, a leftover temporary) with the user's own files beside it."""
-    for name in ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb"):
+    for name in ("rollouts", "weights", "checkpoints", "logs", "configs", "wandb", "viewer_steps"):
         (out / name / "step_1").mkdir(parents=True)
         (out / name / "step_1" / "f").write_text("run")
     for name in ("metrics.jsonl", "metrics.jsonl.lock", "metrics.png", "viewer.html", ".metrics.jsonl.x1y2.tmp"):

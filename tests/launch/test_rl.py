@@ -150,17 +150,19 @@ def test_resume_latest_pins_the_newest_complete_checkpoint_and_drops_later_files
     assert resume_from(rl_config(tmp_path)) is None
 
 
-@pytest.mark.parametrize(("wanted", "kept"), [("latest", [8, 9]), ("4", [4, 8, 9])])
-def test_a_resume_applies_retention_a_killed_writer_did_not_finish(tmp_path, wanted, kept):
+@pytest.mark.parametrize(("wanted", "kept"), [("latest", [8, 9]), ("4", [4]), ("8", [4, 8])])
+def test_a_resume_applies_retention_and_abandons_the_checkpoints_after_its_step(tmp_path, wanted, kept):
     """Regression (seen in CI): the orchestrator killed after writing step 9 and before pruning left 3 checkpoints
-    with keep = 2, and the resumed run, which had no step left to checkpoint, never pruned. A resume counts the
-    complete steps up to its own; an explicit older step is kept (the later ones are rewritten)."""
+    with keep = 2, and the resumed run, which had no step left to checkpoint, never pruned. A resume from an older
+    step abandons the later checkpoints (kept, 'latest' would later go back to the abandoned run, and retention
+    would count them against the new ones)."""
     from prime_rl.launch.plan import clear_after, resume_step
 
     run = tmp_path / "run"
     for step in (4, 8, 9):
         for part in ("trainer", "orchestrator"):
             (run / "checkpoints" / f"step_{step}" / part).mkdir(parents=True)
+    (run / "checkpoints" / "step_10" / "orchestrator").mkdir(parents=True)  # written ahead of the trainer
     config = rl_config(tmp_path, "--ckpt.resume-step", wanted, "--ckpt.keep", "2")
     clear_after(config, resume_step(config))
     assert sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").iterdir()) == kept

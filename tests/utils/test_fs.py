@@ -37,6 +37,21 @@ def test_remove_dir_leaves_nothing_and_a_missing_dir_is_no_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_directory_that_cannot_be_renamed_is_deleted_in_place(tmp_path, monkeypatch):
+    """A full disk or a read-only parent refusing the rename must not keep retention from freeing space."""
+    import errno
+    import os
+
+    (tmp_path / "step_1" / "sub").mkdir(parents=True)
+
+    def refused(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", refused)
+    remove_dir(tmp_path / "step_1")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_atomic_dir_replacing_a_directory_is_never_seen_half_deleted(tmp_path, monkeypatch):
     """The old directory is set aside, the new one renamed in, then the old one deleted: a process killed inside
     that deletion leaves the new `step_1` whole and the old one as a temporary, never a partial `step_1`."""

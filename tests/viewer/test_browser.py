@@ -178,7 +178,10 @@ def test_a_run_of_400_steps_of_64_samples_opens_in_under_2_seconds_from_a_small_
         assert errors == []
         viewer_step_file(viewer_step_files(path), 398).unlink()  # a step file lost: the page says so
         page.click("#curve rect[data-step='398']")
-        page.wait_for_selector("text=must stay beside it")
+        page.wait_for_selector("text=cannot load")
+        viewer_step_file(viewer_step_files(path), 397).write_text("// cut short\n")  # one that holds no step
+        page.click("#curve rect[data-step='397']")
+        page.wait_for_selector("text=does not hold step 397")
     print(f"page {path.stat().st_size / 2**20:.2f} MiB: opened in {opened:.2f} s, last step's file, group and "
           f"colouring in {browsed:.2f} s")
     assert opened < 2.0, opened

@@ -162,3 +162,41 @@ def test_the_server_answers_the_page_and_its_step_files_and_nothing_else(split_r
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_server_finds_the_step_files_of_a_page_whose_name_is_escaped_in_urls(split_run):
+    """The page asks for `encodeURIComponent(folder)/step_N.js`: a name with a space, `#`, `%` or a non-ASCII letter
+    reaches the server escaped."""
+    import threading
+    import urllib.parse
+    import urllib.request
+
+    from prime_rl.viewer.view import page_server, write_view
+
+    root, _ = split_run
+    page = write_view(root, root / "my run #1 %41 é.html", decode=lambda ids: {i: "x" for i in ids})
+    server = page_server(page, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        folder = urllib.parse.quote(page.stem + "_steps")
+        assert urllib.request.urlopen(f"{base}/{folder}/step_2.js").read().startswith(b"window.primeRlStep(2, ")
+        assert urllib.request.urlopen(f"{base}/?from=a-link").read() == page.read_bytes()
+        assert urllib.request.urlopen(f"{base}/{urllib.parse.quote(page.name)}").read() == page.read_bytes()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("stranger", ["notes.txt", "step_1.json"])
+def test_a_step_folder_that_holds_other_files_is_never_replaced(split_run, capsys, stranger):
+    from prime_rl.run_dir import viewer_step_files
+
+    root, page = split_run
+    (viewer_step_files(page) / stranger).write_text("mine")
+    before = page.read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        prime_rl(["view", str(root), "--one-file"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "holds other files" in err, err
+    assert (viewer_step_files(page) / stranger).read_text() == "mine" and page.read_text() == before

@@ -208,13 +208,13 @@ def verify_resume_checkpoint(config: RLConfig, step: int) -> None:
 
 def clear_after(config: RLConfig, step: int) -> None:
     """What the interrupted run made after checkpoint `step` goes, so the resumed processes regenerate it
-    instead of mixing two runs: rollout batches >= step, weights > step, and the metrics.jsonl lines of
-    steps >= step (the progress bar then starts there). Temporaries of interrupted writes go too, and the
-    retention rule (`ckpt.keep`) is applied to the checkpoints up to `step`, which a process killed between
-    its write and its pruning left one too many of."""
+    instead of mixing two runs: rollout batches >= step, weights > step, the metrics.jsonl lines of
+    steps >= step (the progress bar then starts there), checkpoints after `step` (a resume from an older step
+    abandons them). Temporaries of interrupted writes go too, and the retention rule (`ckpt.keep`) is applied
+    again: a process killed between its checkpoint's write and its pruning left one too many."""
     remove_temporaries(config.output_dir)
     discard_after(config.output_dir, step)
-    prune_checkpoints(config.output_dir, config.ckpt.keep, RUN_PARTS, newest=step)
+    prune_checkpoints(config.output_dir, config.ckpt.keep, RUN_PARTS)
     drop_steps_from(metrics_file(config.output_dir), step, ("trainer", "orchestrator"))
 
 

@@ -11,6 +11,7 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,12 +64,11 @@ def atomic_dir(path: Path) -> Iterator[Path]:
 def _set_aside(path: Path) -> Path | None:
     """Rename the directory `path` to a unique temporary name beside it (`.<name>.<random>.tmp`, which the
     launcher clears before a resume, `run_dir.remove_temporaries`) and return that name; None if `path` is
-    gone (another process pruned it first)."""
-    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))  # reserves the name
+    gone (another process pruned it first). A rename allocates nothing, so it works on a full disk."""
+    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        os.replace(path, aside)  # a directory may replace an empty one
+        os.rename(path, aside)
     except FileNotFoundError:
-        aside.rmdir()
         return None
     return aside
 
@@ -86,8 +86,14 @@ def replace_dir(new: Path, path: Path) -> None:
 
 def remove_dir(path: Path) -> None:
     """Delete the directory `path` so that nobody, a process killed mid-way included, sees it half-deleted:
-    set aside under a temporary name, then removed. Already gone: nothing to do."""
-    aside = _set_aside(Path(path))
+    set aside under a temporary name, then removed. Already gone: nothing to do. Where it cannot be renamed (a
+    read-only parent, say) it is deleted in place, as much as can be."""
+    path = Path(path)
+    try:
+        aside = _set_aside(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
 

@@ -15,6 +15,7 @@ import http.server
 import re
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 from prime_rl.configs.cli import fail
@@ -25,6 +26,7 @@ from prime_rl.utils.fs import atomic_dir, atomic_write_text, remove_dir
 from prime_rl.viewer.collect import collect
 from prime_rl.viewer.page import render_page, step_script
 
+STEP_FILE = re.compile(r"^step_\d+\.js$")  # the files of a page's step folder (`run_dir.viewer_step_file`)
 ONE_FILE_MIB = 4  # a run's rollouts up to this size are embedded in the page (one file), larger ones are step files
 
 
@@ -68,9 +70,15 @@ def write_view(run_dir: Path, out: Path | None = None, steps: range | None = Non
     of more than `ONE_FILE_MIB` (unless `one_file`) go to step files in `viewer_step_files(page)`, written first,
     the folder renamed into place whole, then the page; a page of one file removes such a folder of an earlier
     write. `decode`: token ids -> texts (default: the run's tokenizer, `collect`)."""
-    run = collect(run_dir, steps, decode)
     path = out if out is not None else viewer_page(run_dir)
     folder = viewer_step_files(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is where this page's step files go, but it is a file: move it, or use -o")
+    strangers = sorted(p.name for p in folder.iterdir() if not STEP_FILE.match(p.name)) if folder.is_dir() else []
+    if strangers:
+        raise UserError(f"{folder} is where this page's step files go, but it holds other files ({strangers[0]}, ...):"
+                        f" move them, or write the page elsewhere with -o")
+    run = collect(run_dir, steps, decode)
     scripts = {step: step_script(step, rows) for step, rows in run.steps.items()}
     split = not one_file and sum(len(text) for text in scripts.values()) > ONE_FILE_MIB * 2**20
     try:
@@ -95,7 +103,7 @@ def page_server(page: Path, port: int) -> http.server.ThreadingHTTPServer:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (the standard library's name)
-            path = self.path.split("#")[0]
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)  # the script escapes the names
             if path in ("/", "/viewer.html", f"/{page.name}"):
                 self.answer("text/html; charset=utf-8", body)
                 return

@@ -45,7 +45,9 @@ function loadStep(step) {  // a Promise of the step's rows
     const src = encodeURIComponent(meta.step_files) + "/step_" + Number(step) + ".js";
     waiting.set(step, resolve);
     const script = el("script", {src: src});
-    script.addEventListener("error", () => { waiting.delete(step); reject(new Error("cannot load " + src)); });
+    const fail = reason => { if (waiting.delete(step)) reject(new Error(reason)); };
+    script.addEventListener("error", () => fail("cannot load " + src));
+    script.addEventListener("load", () => fail(src + " does not hold step " + step));  // ran, but no primeRlStep(step)
     document.head.append(script);
   });
 }
@@ -381,14 +383,12 @@ function summary(rows, step) {
 function render() {
   const step = state.step;
   loadStep(step).then(rows => { if (state.step === step) draw(rows); }, error => {
-    document.getElementById("app").replaceChildren(
-      el("div", {class: "note", text: `step ${step}: ${error.message} (the page's ${meta.step_files}/ folder ` +
-                                      "must stay beside it)"}));
-    document.documentElement.dataset.ready = "1";
+    if (state.step === step) draw([], `step ${step}: ${error.message} (the page's ${meta.step_files}/ folder ` +
+                                      "must stay beside it)");
   });
 }
 
-function draw(rows) {
+function draw(rows, problem) {
   const groups = groupsOf(rows);
   const list = el("section", {id: "groups"});
   let detail = null;
@@ -398,7 +398,9 @@ function draw(rows) {
     list.append(groupCard(members, shown));
     if (group === state.group) detail = groupDetail(members, shown);
   }
-  if (!list.children.length) list.append(el("div", {class: "note", text: "no rollout of this step passes the filters"}));
+  if (!list.children.length) {
+    list.append(el("div", {class: "note", text: problem || "no rollout of this step passes the filters"}));
+  }
   const app = document.getElementById("app");
   app.replaceChildren(
     el("header", {}, el("h1", {text: "rollouts of " + meta.name}),
