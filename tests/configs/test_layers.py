@@ -177,10 +177,34 @@ def test_only_sft_has_init(capsys, config_cls, key):
     assert f"unknown config key '{key}'" in err
 
 
-def test_none_turns_off_any_optional_section_and_no_other_key(capsys):
+def test_none_turns_off_any_optional_section_or_value_and_a_text_key_keeps_it(capsys):
     config, _ = build(capsys, RLConfig, "@", REPO / "examples" / "reverse_text" / "rl_lora.toml")
     assert config.trainer.lora is not None
     config, _ = build(capsys, RLConfig, "@", REPO / "examples" / "reverse_text" / "rl_lora.toml",
                       "--trainer.lora", "none", "--wandb.name", "none")
     assert config.trainer.lora is None
     assert config.wandb.name == "none"  # a text key keeps the text
+    config, _ = build(capsys, RLConfig, "--ckpt.interval", "none", "--trainer.optim.max-norm", "none",
+                      "--trainer.keep-weights", "none", "--loss.correction.weight", "none")
+    assert config.ckpt.interval is None and config.trainer.optim.max_norm is None
+    assert config.trainer.keep_weights is None and config.loss.correction.weight == "none"  # a choice keeps the word
+
+
+def test_a_none_whose_default_is_something_else_reaches_the_components_and_loads_back(tmp_path, capsys):
+    """Regression: TOML has no null and a None was left out of the files `rl` hands its components, which then took
+    the default: `--trainer.optim.max-norm none` clipped at 1.0, `--ckpt.interval none` checkpointed every 50."""
+    import tomllib
+
+    from prime_rl.configs.base import config_data
+    from prime_rl.configs.toml_io import dump_toml
+    from prime_rl.launch.plan import plan_run
+    from prime_rl.trainer.config import TrainerConfig
+
+    config, _ = build(capsys, RLConfig, "--output-dir", str(tmp_path / "run"), "--ckpt.interval", "none",
+                      "--trainer.optim.max-norm", "none")
+    trainer = plan_run(config).components["trainer"]
+    text = dump_toml(config_data(trainer))
+    (tmp_path / "trainer.toml").write_text(text)
+    again, _ = build(capsys, TrainerConfig, "@", tmp_path / "trainer.toml")
+    assert again.ckpt.interval is None and again.optim.max_norm is None
+    assert tomllib.loads(text)["ckpt"]["interval"] == "none" and tomllib.loads(text)["optim"]["max_norm"] == "none"

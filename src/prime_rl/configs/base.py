@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from prime_rl.configs.describe import optional_section
+from prime_rl.configs.describe import none_word_is_none
 from prime_rl.configs.env_vars import ENV_NESTED_DELIMITER, ENV_PREFIX
 from prime_rl.configs.strict import reject_misplaced_bools
 from prime_rl.configs.toml_io import deep_merge, read_toml
@@ -86,13 +87,44 @@ def _with_values(model: M, values: Mapping[str, Any], where: str) -> M:
 
 
 def sections_off(cls: type[BaseModel], data: Any) -> Any:
-    """Model validator (mode 'before'): `none` turns an optional section off, `--init none` as `PRIME_INIT=none`
-    does (pydantic-settings reads `none` as None for the environment only); no section could take the text."""
+    """Model validator (mode 'before'): the word `none` is None for any field that may hold None (an optional section
+    turned off, `--init none`; a value such as `--ckpt.interval none` or `--trainer.optim.max-norm none`), as
+    `PRIME_INIT=none` is for the environment (pydantic-settings' own rule, for the environment only); a field whose
+    literal choices include the word keeps it (`none_word_is_none`)."""
     if not isinstance(data, dict):
         return data
     off = [name for name, value in data.items()
-           if value == NONE and name in cls.model_fields and optional_section(cls.model_fields[name].annotation)]
+           if value == NONE and name in cls.model_fields and none_word_is_none(cls.model_fields[name].annotation)]
     return {**data, **dict.fromkeys(off)} if off else data
+
+
+def config_data(model: BaseModel, **dump: Any) -> dict[str, Any]:
+    """`model.model_dump(mode="json", **dump)` as a config file holds it: TOML has no null, so a None whose field
+    defaults to something else is written as the word `none` (read back as None, `sections_off`); a None that is the
+    default is left out (`toml_io.dump_toml`), which reads back the same."""
+    return _nones_named(model, model.model_dump(mode="json", **dump))
+
+
+def _nones_named(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
+    for name, field in type(model).model_fields.items():
+        if name not in dumped:
+            continue
+        value = getattr(model, name)
+        if value is None and _default(field) is not None and none_word_is_none(field.annotation):
+            dumped[name] = NONE
+        elif isinstance(value, BaseModel) and isinstance(dumped[name], dict):
+            _nones_named(value, dumped[name])
+        elif isinstance(value, list | tuple) and isinstance(dumped[name], list):
+            for item, item_dump in zip(value, dumped[name], strict=False):
+                if isinstance(item, BaseModel) and isinstance(item_dump, dict):
+                    _nones_named(item, item_dump)
+    return dumped
+
+
+def _default(field: Any) -> Any:
+    if field.default is not PydanticUndefined:
+        return field.default
+    return field.default_factory() if field.default_factory is not None else None
 
 
 class BaseConfig(BaseModel):

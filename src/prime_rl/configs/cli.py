@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import EnvSettingsSource, SettingsError
 
-from prime_rl.configs.base import EntrypointConfig
+from prime_rl.configs.base import EntrypointConfig, config_data
 from prime_rl.configs.describe import describe_config, model_types, tag_of
 from prime_rl.configs.env_vars import ENV_PREFIX, env_name, unknown_env_vars
 from prime_rl.configs.layers import config_layers
@@ -284,7 +284,7 @@ def parse_config(config_cls: type[C], argv: Sequence[str] | None = None) -> C:
     except PrimeError as exc:
         fail(str(exc), exc.exit_code)
     if args.dry_run:
-        print(dump_toml(config.model_dump(mode="json")), end="")
+        print(dump_toml(config_data(config)), end="")
         raise SystemExit(0)
     return config
 

@@ -43,6 +43,16 @@ def model_types(annotation: Any) -> list[type[BaseModel]]:
     return found
 
 
+def none_word_is_none(annotation: Any) -> bool:
+    """Whether the text `none` means None for a field of this type: it may hold None and none of its other types
+    takes the text itself (a text or path key keeps it, `--wandb.name none`; so does a literal choice of the word,
+    `loss.correction.weight = "none"`)."""
+    members = union_members(annotation)
+    words = {a for m in members if typing.get_origin(m) is Literal for a in typing.get_args(m)}
+    texts = any(isinstance(m, type) and issubclass(m, str | Path) for m in members)
+    return type(None) in members and "none" not in words and not texts
+
+
 def optional_section(annotation: Any) -> bool:
     """Whether a field holds a section or None (`[init]`, `[lora]`): the kind `--init none` turns off."""
     members = union_members(annotation)

@@ -33,7 +33,9 @@ read as TOML literals (`7`, `1e-5`, `true`, `[0, 1]`) and as plain strings other
 Booleans are `--flag` / `--no-flag`; in a section both `--no-trainer.runtime.compile` and
 `--trainer.runtime.no-compile` turn `trainer.runtime.compile` off. An optional section (`[init]`,
 `[trainer.lora]`, ...) is turned off with `none`: `--init none`, `PRIME_INIT=none`, or `init = "none"` in
-a later file (`--no-init` is an error that says so).
+a later file (`--no-init` is an error that says so). So is a value whose type lists `none` (`--ckpt.interval none`,
+`--trainer.optim.max-norm none`; TOML has no null, so the files `rl` writes hold the word too); a text key keeps
+the word as text (`--wandb.name none`).
 
 A TOML file may start with `include = "base.toml"` (or a list of files, relative to it): the
 included files are read first and the file's own values merged over them, so a variant states

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from prime_rl import run_lock
-from prime_rl.configs.base import with_values
+from prime_rl.configs.base import config_data, with_values
 from prime_rl.configs.shared import ModelConfig, WeightTransferConfig
 from prime_rl.configs.toml_io import write_toml
 from prime_rl.envs.judge import RL_JUDGE_ENV
@@ -169,7 +169,7 @@ def prepare_run_dir(plan: RunPlan) -> run_lock.RunLock | None:
             clear_after(config, plan.resumed)
         output_dir.mark(config.output_dir, config.command)
     for name, component in plan.components.items():
-        write_toml(config_file(plan.base, name), component.model_dump(mode="json"))
+        write_toml(config_file(plan.base, name), config_data(component))
     if plan.owner:
         write_toml(config_file(config.output_dir, "rl"), plan.recorded)
     return lock

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from prime_rl.configs.base import BaseConfig, with_values
+from prime_rl.configs.base import BaseConfig, config_data, with_values
 from prime_rl.configs.loss import DefaultLossConfig, LossConfig
 from prime_rl.configs.shared import (
     ASYNC_LEVEL_DEFAULT,
@@ -176,7 +176,7 @@ class RLConfig(RunConfig):
         `rl @ configs/rl.toml --max-steps 200` goes on. Take it before `launch` fills in this run's ports,
         transfer ranks, devices and teacher URL."""
         # Only what was set: a default written out would count as set when read back (a fixed port, a pinned dtype).
-        recorded = self.model_dump(mode="json", exclude={"overwrite"}, exclude_unset=True)
+        recorded = config_data(self, exclude={"overwrite"}, exclude_unset=True)
         for name in COMPONENTS:
             for key in SHARED_KEYS:
                 recorded.get(name, {}).pop(key, None)

@@ -34,6 +34,7 @@ import torch
 
 from prime_rl.batch_format import RECORD_FIELDS, write_step
 from prime_rl.chat.template_tokens import ChatTokens
+from prime_rl.configs.base import config_data
 from prime_rl.configs.cli import run_main
 from prime_rl.envs import load_env
 from prime_rl.envs.agent import AgentEnvironment
@@ -320,7 +321,7 @@ async def run(config: OrchestratorConfig) -> None:
         # Batches at or after the resume step came from the previous run.
         remove_steps_from(rollouts_root(config.output_dir), state.step)
         log.info(f"resuming from checkpoint step {resume}")
-    monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config.model_dump(mode="json"),
+    monitor = Monitor(config.output_dir, "orchestrator", config.wandb, config_data(config),
                       console_keys=CONSOLE_KEYS, resume_step=resume)
     try:
         async with ServerPool(config.client) as client, contextlib.AsyncExitStack() as stack:

@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 
+from prime_rl.configs.base import config_data
 from prime_rl.configs.shared import WeightTransferConfig
 from prime_rl.models.vocabulary import tokenizer_vocab
 from prime_rl.monitor import Monitor
@@ -102,7 +103,7 @@ class TrainSession:
             self.log.info(f"resumed from {ckpt_io.ckpt_dir(self.output_dir, resume)} (continuing at step {resume})")
         self.monitor = None
         if self.dist.is_main:
-            self.monitor = Monitor(self.output_dir, source, config.wandb, config.model_dump(mode="json"),
+            self.monitor = Monitor(self.output_dir, source, config.wandb, config_data(config),
                                    resume_step=resume)
         self.log.info(f"{source}: {self.num_params / 1e6:.2f}M parameters on {self.dist.world_size} rank(s), "
                       f"device {self.dist.device}")
