@@ -59,8 +59,7 @@ def main() -> None:
                 opens.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 page.click(f"#curve rect[data-step='{args.steps - 1}']")
-                page.wait_for_function(f"document.getElementById('summary').textContent"
-                                       f".startsWith('step {args.steps - 1}:')")
+                page.wait_for_selector(f"#summary >> text=/^step {args.steps - 1}:/")  # no eval: the policy
                 page.click(f".group-card[data-group='{args.groups - 1}']")
                 page.select_option("#colour", "ratio")
                 browses.append(time.perf_counter() - start)
