@@ -205,6 +205,27 @@ def test_the_interrupt_hint_says_what_can_be_resumed(tmp_path, no_children, caps
     assert "Continue with --ckpt.resume-step latest (checkpoint step 2 of" in " ".join(capsys.readouterr().out.split())
 
 
+def test_the_interrupt_hint_is_printed_when_ctrl_c_cut_a_print_short(tmp_path, monkeypatch, capsys):
+    """Regression (seen in CI): Ctrl-C landed inside rich's print of a step line, whose console then held every later
+    print in its buffer: rl exited 130 with no hint. The hint goes through a fresh console."""
+    from prime_rl.launch import rl
+
+    def interrupted_mid_print(self):
+        rl_console = consoles[0]
+        rl_console._enter_buffer()  # what print does first; the interrupt comes before its _exit_buffer
+        raise KeyboardInterrupt
+
+    consoles = []
+    real = rl.Console
+    monkeypatch.setattr(rl, "Console", lambda *a, **k: consoles.append(real(*a, **k)) or consoles[-1])
+    monkeypatch.setattr(Child, "start", interrupted_mid_print)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    with pytest.raises(SystemExit) as exit_info:
+        launch(rl_config(tmp_path / "run"))
+    assert exit_info.value.code == 130
+    assert "interrupted; all components stopped. No checkpoint was written" in " ".join(capsys.readouterr().out.split())
+
+
 def test_overwrite_with_a_resume_step_is_a_load_error(tmp_path):
     with pytest.raises(ConfigError, match="overwrite deletes the run that ckpt.resume_step continues"):
         rl_config(tmp_path, "--overwrite", "--ckpt.resume-step", "3")

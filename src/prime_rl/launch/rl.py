@@ -243,7 +243,10 @@ def launch(config: RLConfig) -> None:
         if run_lock is not None:
             run_lock.release()
     if interrupted:
-        console.print(f"interrupted; all components stopped. {resume_hint(config)}")
+        # A fresh console: Ctrl-C can land inside the old one's print of a step line, and rich then holds every
+        # later print in its buffer (seen in CI: exit 130 and no hint in the log).
+        Console(stderr=False, soft_wrap=True).print(f"interrupted; all components stopped. {resume_hint(config)}")
+        sys.stdout.flush()
         raise SystemExit(130)
 
     if not owner:  # the trainer node's rl writes the plot and the summary
