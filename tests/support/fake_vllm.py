@@ -55,6 +55,8 @@ class FakeEngineClient:
         self.aborts = 0  # pauses in mode "abort" so far
         self.continued: dict[tuple[int, ...], int] = {}  # an aborted generation's prompt + tokens -> answer position
         self.steps: asyncio.Semaphore | None = None
+        self.waiting = 0  # generations waiting for a release of `steps`
+        self.sampled = 0  # tokens sampled so far, every generation
         self._resumed = asyncio.Event()
         self._resumed.set()
 
@@ -95,13 +97,18 @@ class FakeEngineClient:
         finish = "stop" if len(answer) <= max_tokens else "length"
         for _ in answer[:max_tokens]:
             if self.steps is not None:
-                await self.steps.acquire()
+                self.waiting += 1
+                try:
+                    await self.steps.acquire()
+                finally:
+                    self.waiting -= 1
             await asyncio.sleep(self.token_s)
             await self._resumed.wait()
             if self.aborts != aborts:
                 finish = "abort"
                 break
             labels.append(self.version)
+            self.sampled += 1
         spans = [SimpleNamespace(version=v, start=s, end=s + len(list(g)))
                  for (v, g), s in _runs(labels)]
         ids = answer[:len(labels)]
@@ -210,6 +217,22 @@ def stepped_app(answer: str) -> tuple[FakeEngineClient, FastAPI]:
     app, _ = fake_vllm_app(engine)
     engine.steps = asyncio.Semaphore(0)
     return engine, app
+
+
+async def until(condition, what: str, timeout_s: float = 30.0) -> None:
+    """Wait until `condition()` holds, yielding to the event loop (a scenario's order by state, never by a sleep: on a
+    loaded machine a request may take longer than any fixed pause to reach the engine); AssertionError naming
+    `what` after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"waited {timeout_s:.0f}s for {what}")
+        await asyncio.sleep(0.005)
+
+
+def run_scenario(scenario, timeout_s: float = 120.0):
+    """`asyncio.run(scenario)`, failing after `timeout_s` instead of hanging the suite."""
+    return asyncio.run(asyncio.wait_for(scenario, timeout_s))
 
 
 def app_client(app: FastAPI, **options) -> httpx.AsyncClient:

@@ -35,7 +35,15 @@ from prime_rl.inference.weight_dirs import open_weight_dir
 from prime_rl.models import embedded as embedded_models
 from prime_rl.openai_api.access import KEY_ENV, POLICY_ENV, AccessPolicy
 from prime_rl.utils.errors import UserError
-from tests.support.fake_vllm import FakeEngineClient, app_client, fake_vllm_app, stepped_app, weight_dir
+from tests.support.fake_vllm import (
+    FakeEngineClient,
+    app_client,
+    fake_vllm_app,
+    run_scenario,
+    stepped_app,
+    until,
+    weight_dir,
+)
 
 
 def test_vllm_args_pass_engine_options_and_prime_rl_hooks(tmp_path):
@@ -736,12 +744,12 @@ def test_a_request_running_across_two_in_flight_updates_reports_three_weight_ste
     async def scenario():
         async with app_client(app) as client:
             running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5, 6], "n": 2}))
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.waiting == 1, "the request's first engine step")
             engine.steps.release()  # token 0 under the weights the server started with (step 0)
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.sampled == 1 and engine.waiting == 1, "token 0")
             first = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
             engine.steps.release()  # token 1 under step 1
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.sampled == 2 and engine.waiting == 1, "token 1")
             second = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 2)),
                                                                 "in_flight": True})
             for _ in range(2):
@@ -751,7 +759,7 @@ def test_a_request_running_across_two_in_flight_updates_reports_three_weight_ste
             after = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
             return first, second, answer, after
 
-    first, second, answer, after = asyncio.run(scenario())
+    first, second, answer, after = run_scenario(scenario())
     assert first.json() == {"weight_step": 1} and second.json() == {"weight_step": 2}
     body = answer.json()
     assert body["weight_step"] == 0  # admitted under step 0
@@ -791,12 +799,12 @@ def test_resubmit_aborts_the_running_requests_holds_new_ones_and_loads_into_an_i
     async def scenario():
         async with app_client(app) as client:
             running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5, 6], "n": 2}))
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.waiting == 1, "the request's first engine step")
             engine.steps.release()  # token 0 under step 0
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.sampled == 1 and engine.waiting == 1, "token 0")
             update = asyncio.create_task(client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)),
                                                                                "in_flight": True}))
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.aborts >= 1, "the update's abort of the running request")
             held = asyncio.create_task(client.post("/v1/completions", json={"prompt": [7]}))
             await asyncio.sleep(0.12)
             before_the_abort_lands = list(engine.calls), len(app.state.generated)
@@ -805,7 +813,7 @@ def test_resubmit_aborts_the_running_requests_holds_new_ones_and_loads_into_an_i
             engine.steps = None
             return before_the_abort_lands, aborted, updated, await held
 
-    (calls, generated), aborted, updated, held = asyncio.run(scenario())
+    (calls, generated), aborted, updated, held = run_scenario(scenario())
     assert generated == 1 and {c[0] for c in calls} == {"pause_generation", "resume_generation"}
     assert len(calls) >= 4  # aborted again (every gate.HURRY_S) while the request ran on
     assert updated.json() == {"weight_step": 1}
@@ -836,13 +844,13 @@ def test_a_resubmit_update_whose_abort_fails_resumes_vllm_and_keeps_the_step(tmp
     async def scenario():
         async with app_client(app) as client:
             running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5]}))
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.waiting == 1, "the request's first engine step")
             bad = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
             for _ in range(2):
                 engine.steps.release()
             return bad, await running
 
-    bad, running = asyncio.run(scenario())
+    bad, running = run_scenario(scenario())
     assert bad.status_code == 400 and "did not answer" in bad.json()["error"]["message"]
     assert engine.calls == [("pause_generation", ("abort", False)), ("resume_generation", ())] and not engine.paused
     assert running.json()["weight_step"] == 0 and running.json()["choices"][0]["finish_reason"] == "stop"
@@ -949,14 +957,14 @@ def test_requests_running_across_an_update_that_broke_the_server_are_not_answere
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
             running = asyncio.create_task(client.post("/v1/completions", json={"prompt": [5]}))
             engine.steps.release()
-            await asyncio.sleep(0.05)
+            await until(lambda: engine.sampled == 1 and engine.waiting == 1, "token 0")
             engine.fail = 2
             bad = await client.post("/update_weights", json={"path": str(weight_dir(tmp_path, 1)), "in_flight": True})
             for _ in range(2):
                 engine.steps.release()
             return bad, await running
 
-    bad, running = asyncio.run(scenario())
+    bad, running = run_scenario(scenario())
     assert bad.status_code == 400 and running.status_code == 503 and not engine.paused
     assert "could not be reloaded" in running.json()["error"]["message"]
 
