@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from prime_rl.configs.describe import none_word_is_none
+from prime_rl.configs.describe import field_default, none_word_is_none
 from prime_rl.configs.env_vars import ENV_NESTED_DELIMITER, ENV_PREFIX
 from prime_rl.configs.strict import reject_misplaced_bools
 from prime_rl.configs.toml_io import deep_merge, read_toml
@@ -110,7 +109,7 @@ def _nones_named(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
         if name not in dumped:
             continue
         value = getattr(model, name)
-        if value is None and _default(field) is not None and none_word_is_none(field.annotation):
+        if value is None and field_default(field) is not None and none_word_is_none(field.annotation):
             dumped[name] = NONE
         elif isinstance(value, BaseModel) and isinstance(dumped[name], dict):
             _nones_named(value, dumped[name])
@@ -120,11 +119,6 @@ def _nones_named(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
                     _nones_named(item, item_dump)
     return dumped
 
-
-def _default(field: Any) -> Any:
-    if field.default is not PydanticUndefined:
-        return field.default
-    return field.default_factory() if field.default_factory is not None else None
 
 
 class BaseConfig(BaseModel):

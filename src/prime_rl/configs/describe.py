@@ -87,13 +87,18 @@ def _show(value: Any) -> str:
     return str(value) if isinstance(value, Path) else repr(value)
 
 
-def _default_text(field: Any) -> str:
+def field_default(field: Any) -> Any:
+    """A field's default value (its factory's, made now); `PydanticUndefined` for a required field."""
     if field.default is not PydanticUndefined:
-        return _show(field.default)
-    if field.default_factory is None:
+        return field.default
+    return field.default_factory() if field.default_factory is not None else PydanticUndefined
+
+
+def _default_text(field: Any) -> str:
+    value = field_default(field)
+    if value is PydanticUndefined:
         return "(required)"
-    value = field.default_factory()
-    return "" if isinstance(value, BaseModel) else _show(value)
+    return "" if isinstance(value, BaseModel) and field.default is PydanticUndefined else _show(value)
 
 
 def _default_section(field: Any, name: str, parent: BaseModel | None) -> BaseModel | None:

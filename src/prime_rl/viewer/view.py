@@ -26,7 +26,7 @@ from prime_rl.utils.fs import atomic_dir, atomic_write_text, remove_dir
 from prime_rl.viewer.collect import collect
 from prime_rl.viewer.page import render_page, step_script
 
-STEP_FILE = re.compile(r"^step_\d+\.js$")  # the files of a page's step folder (`run_dir.viewer_step_file`)
+STEP_FILE = re.compile(r"^step_(\d+)\.js$")  # the files of a page's step folder (`run_dir.viewer_step_file`)
 ONE_FILE_MIB = 4  # a run's rollouts up to this size are embedded in the page (one file), larger ones are step files
 
 
@@ -99,7 +99,7 @@ def page_server(page: Path, port: int) -> http.server.ThreadingHTTPServer:
     nothing else: any other path is a 404."""
     body = page.read_bytes()
     folder = viewer_step_files(page)
-    step_path = re.compile(rf"^/{re.escape(folder.name)}/step_(\d+)\.js$")
+    in_folder = f"/{folder.name}/"
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (the standard library's name)
@@ -107,7 +107,7 @@ def page_server(page: Path, port: int) -> http.server.ThreadingHTTPServer:
             if path in ("/", "/viewer.html", f"/{page.name}"):
                 self.answer("text/html; charset=utf-8", body)
                 return
-            step = step_path.match(path)
+            step = STEP_FILE.match(path.removeprefix(in_folder)) if path.startswith(in_folder) else None
             data = viewer_step_file(folder, int(step.group(1))) if step else None
             if data is None or not data.is_file():
                 self.send_error(404)
