@@ -12,7 +12,7 @@ from rich.console import Console
 
 from prime_rl.configs.shared import WandbConfig
 from prime_rl.monitor.sinks import WandbSink
-from prime_rl.monitor.wandb_offline import run_files, tables
+from prime_rl.monitor.wandb_offline import run_files, tables, wait_complete
 from prime_rl.run_dir import rollout_dir, samples_file
 from prime_rl.run_report import ProgressView, step_warning
 from prime_rl.samples_summary import COLUMNS, step_rows, summary_rows
@@ -80,6 +80,7 @@ def test_the_samples_table_reaches_wandb_and_reads_back_offline(tmp_path):
     sink.table("samples", COLUMNS, rows, 0)
     sink.close()
     (file,) = run_files(tmp_path)
+    assert wait_complete(file)
     (table,) = tables(file, "samples")
     assert table["step"] == 0 and table["columns"] == list(COLUMNS)
     assert [row[COLUMNS.index("completion")] for row in table["data"]] == ["</script><b>", "b"]

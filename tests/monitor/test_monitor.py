@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ import torch
 from prime_rl.configs.shared import WandbConfig
 from prime_rl.monitor import Monitor
 from prime_rl.monitor.sinks import resolve_wandb_mode
-from prime_rl.monitor.wandb_offline import history
+from prime_rl.monitor.wandb_offline import history, read_run, wait_complete
 
 
 def test_jsonl_lines_and_run_config(tmp_path):
@@ -34,11 +33,8 @@ def test_wandb_offline_run_holds_metric_keys(tmp_path):
     monitor.close()
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
+    assert wait_complete(runs[0])
     rows = history(runs[0])
-    deadline = time.monotonic() + 30
-    while len(rows) < 3 and time.monotonic() < deadline:  # W&B's service may still be flushing the file
-        time.sleep(0.2)
-        rows = history(runs[0])
     assert [row["_step"] for row in rows] == [0, 1, 2]
     assert [row["loss/soft_gate_weight"] for row in rows] == [1.0, 2.0, 3.0]
     assert all(key in row for row in rows for key in keys)
@@ -121,11 +117,7 @@ def test_resumed_wandb_run_holds_every_step_once(tmp_path):
     for step in (2, 3):
         resumed.log({"loss/total": 2.0}, step)
     resumed.close()
-    runs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime)
-    assert len(runs) == 2
-    rows = history(runs[-1])
-    deadline = time.monotonic() + 30
-    while len(rows) < 4 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        rows = history(runs[-1])
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 2 and all(wait_complete(run) for run in runs)
+    (rows,) = [run["history"] for run in map(read_run, runs) if run["name"].endswith("-trainer-resumed-2")]
     assert [(row["_step"], row["loss/total"]) for row in rows] == [(0, 1.0), (1, 1.0), (2, 2.0), (3, 2.0)]

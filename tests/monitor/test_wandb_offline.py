@@ -4,13 +4,12 @@ directory, as a command (`python -m prime_rl.monitor.wandb_offline`)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from prime_rl.configs.shared import WandbConfig
 from prime_rl.monitor.monitor import Monitor
-from prime_rl.monitor.wandb_offline import main, read_run, run_files
+from prime_rl.monitor.wandb_offline import CHUNK_HEADER, main, read_run, records, run_files, wait_complete
 
 
 @pytest.mark.slow
@@ -21,16 +20,23 @@ def test_an_offline_runs_config_summary_and_rows_are_read_from_the_run_directory
         monitor.log({"loss/total": 0.5 - 0.1 * step}, step=step)
     monitor.close()
     (run_file,) = run_files(tmp_path)
+    assert wait_complete(run_file)
     run = read_run(run_file)
-    deadline = time.monotonic() + 30
-    while len(run["history"]) < 3 and time.monotonic() < deadline:  # W&B's service may still be flushing
-        time.sleep(0.2)
-        run = read_run(run_file)
     assert [row["loss/total"] for row in run["history"]] == pytest.approx([0.5, 0.4, 0.3])
     assert json.dumps(run["config"]).count("sapo") == 1 and "max_steps" in json.dumps(run["config"])
     main([str(tmp_path)])
     printed = json.loads(capsys.readouterr().out)
-    assert printed["rows"] == 3 and printed["summary"]["loss/total"] == pytest.approx(0.3)
+    assert printed["rows"] == 3 and printed["complete"] and printed["summary"]["loss/total"] == pytest.approx(0.3)
+    assert printed["name"] == f"{tmp_path.name}-trainer"
+
+    # The same file as W&B's service leaves it before the stream closes: the last record (exit) not yet written.
+    last = records(run_file)[-1]
+    partial = tmp_path / "partial.wandb"
+    partial.write_bytes(run_file.read_bytes()[:-len(last) - CHUNK_HEADER])
+    assert not read_run(partial)["complete"] and len(read_run(partial)["history"]) == 3
+    assert not wait_complete(partial, timeout_s=0.3)
+    main([str(partial)])
+    assert json.loads(capsys.readouterr().out)["complete"] is False
 
 
 def test_a_directory_without_an_offline_run_is_one_line_and_exit_2(tmp_path, capsys):

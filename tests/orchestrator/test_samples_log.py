@@ -79,7 +79,7 @@ def test_a_run_logs_its_samples_table_to_wandb_and_marks_steps_without_signal(tm
     """An in-process run where no rollout can score (the reverse-text model never writes a box): every group's
     rewards are equal, each step says `advantage/no_signal` = 1, and each step's W&B samples table holds its first
     `wandb_rows` rollouts, readable offline."""
-    from prime_rl.monitor.wandb_offline import run_files, tables
+    from prime_rl.monitor.wandb_offline import run_files, tables, wait_complete
     from prime_rl.samples_summary import COLUMNS
     from tests.support import REPO
     from tests.support.rl_in_process import run_in_process
@@ -93,7 +93,9 @@ def test_a_run_logs_its_samples_table_to_wandb_and_marks_steps_without_signal(tm
                           "--orchestrator.samples.wandb-interval", "1", "--orchestrator.samples.wandb-rows", "5",
                           "--orchestrator.env", env])
     assert [row["advantage/no_signal"] for _, row in sorted(run.rows("orchestrator").items())] == [1.0, 1.0]
-    found = [t for f in run_files(tmp_path / "run") for t in tables(f, "samples")]
+    files = run_files(tmp_path / "run")
+    assert all(wait_complete(f) for f in files)
+    found = [t for f in files for t in tables(f, "samples")]
     assert [t["step"] for t in found] == [0, 1]
     assert all(t["columns"] == list(COLUMNS) and len(t["data"]) == 5 for t in found)
 

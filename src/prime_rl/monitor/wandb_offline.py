@@ -4,11 +4,16 @@ offline run; this reads them from the run file itself.
 
     uv run python -m prime_rl.monitor.wandb_offline outputs/reverse_text    # a run dir, its wandb/ or a .wandb file
 
-prints the config, the summary (the last value of every key) and how many rows were logged, as JSON; `tables`
-reads the tables logged under a key (the orchestrator's `samples`: [orchestrator.samples] wandb_interval).
+prints the config, the summary (the last value of every key), how many rows were logged and whether the file is
+complete, as JSON; `tables` reads the tables logged under a key (the orchestrator's `samples`:
+[orchestrator.samples] wandb_interval).
+
+W&B's service buffers the file in 32 KiB blocks and writes the last block when the run's stream closes, which it
+does on its own time after `run.finish()` returns (or at the process's exit): `wait_complete` waits for the run's
+exit record, the last one written.
 
 The file is a 7-byte header (":W&B", magic, version) followed by a LevelDB-style log:
-32 KiB blocks of chunks, each `crc32c (4) | length (2, little-endian) | type (1) | data`,
+32 KiB blocks of chunks, each `crc32 (4) | length (2, little-endian) | type (1) | data`,
 type 1 = full record, 2/3/4 = first/middle/last piece. Each record is a protobuf
 `wandb_internal_pb2.Record`; history records hold one logged row as key -> JSON value.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 HEADER_LEN = 7
@@ -51,23 +57,42 @@ def records(path: Path) -> list[bytes]:
     return out
 
 
+def parsed(run_file: Path) -> list[tuple[str, object]]:
+    """(kind, record) of every whole record: kind is the protobuf `Record`'s record_type ("run", "history", ...)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out = []
+    for raw in records(run_file):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        out.append((record.WhichOneof("record_type"), record))
+    return out
+
+
+def wait_complete(run_file: Path, timeout_s: float = 60.0) -> bool:
+    """Whether the run's exit record reached the file within `timeout_s` (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while not read_run(run_file)["complete"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _items(items) -> dict:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
 
 
 def read_run(run_file: Path) -> dict:
-    """{"config": ..., "summary": ..., "history": [rows]} of an offline run file, values decoded from JSON (config
-    and summary updates applied in order)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    run = {"config": {}, "summary": {}, "history": []}
-    for raw in records(run_file):
-        record = pb.Record()
-        record.ParseFromString(raw)
-        kind = record.WhichOneof("record_type")
+    """{"name", "config", "summary", "history": [rows], "complete": bool} of an offline run file, values decoded
+    from JSON (config and summary updates applied in order); complete once the run's exit record is on disk."""
+    run = {"name": None, "config": {}, "summary": {}, "history": [], "complete": False}
+    for kind, record in parsed(run_file):
+        run["complete"] |= kind == "exit"
         if kind == "history":
             run["history"].append(_items(record.history.item))
-        elif kind == "run":  # the run's first record holds its config
+        elif kind == "run":  # the run's first record holds its name and config
+            run["name"] = record.run.display_name
             run["config"].update(_items(record.run.config.update))
         elif kind in ("config", "summary"):
             run[kind].update(_items(getattr(record, kind).update))
@@ -115,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         run = read_run(file)
         summary = {k: v for k, v in run["summary"].items() if not k.startswith("_")} or \
             (run["history"][-1] if run["history"] else {})
-        print(json.dumps({"file": str(file), "config": run["config"], "summary": summary,
-                          "rows": len(run["history"])}, indent=1, default=str))
+        print(json.dumps({"file": str(file), "name": run["name"], "config": run["config"], "summary": summary,
+                          "rows": len(run["history"]), "complete": run["complete"]}, indent=1, default=str))
 
 
 if __name__ == "__main__":
