@@ -28,7 +28,7 @@ from prime_rl.models.sampling_rule import SamplingRule  # noqa: E402
 from prime_rl.orchestrator.batch import Sample, pack_batch  # noqa: E402
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion  # noqa: E402
 from prime_rl.orchestrator.config import SamplesConfig  # noqa: E402
-from prime_rl.orchestrator.rollouts import Group  # noqa: E402
+from prime_rl.orchestrator.rollouts.scored_group import Group  # noqa: E402
 from prime_rl.orchestrator.samples_log import samples_jsonl  # noqa: E402
 from prime_rl.trainer.rl.loss import build_loss
 from prime_rl.trainer.rl.losses import LossInputs, LossScale

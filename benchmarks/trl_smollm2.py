@@ -50,7 +50,7 @@ def main() -> None:
 
     from prime_rl.configs.cli import build_config
     from prime_rl.launch.rl_config import RLConfig
-    from prime_rl.orchestrator.draws import ExampleSource
+    from prime_rl.orchestrator.examples.draws import ExampleSource
     from prime_rl.orchestrator.orchestrator import eval_draws
 
     config, _ = build_config(RLConfig, ["@", str(args.config), "--wandb.mode", "disabled"])

@@ -11,9 +11,9 @@ from prime_rl.chat.reasoning import Split, split_reasoning
 from prime_rl.envs import load_env
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig, ReasoningConfig
-from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.examples.draws import Draw
 from prime_rl.orchestrator.metrics import rollout_metrics
-from prime_rl.orchestrator.rollouts import score_group
+from prime_rl.orchestrator.rollouts.scoring import score_group
 
 
 @pytest.mark.parametrize(("text", "expected"), [

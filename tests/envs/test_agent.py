@@ -1,5 +1,6 @@
 """The `agent` environment's own rules (`envs/agent.py`): what counts as an agent's reward, the example a command
-reads, and the task it delegates examples and scoring to. Running agents: tests/orchestrator/test_agent_rollouts.py."""
+reads, and the task it delegates examples and scoring to. Running agents:
+tests/orchestrator/rollouts/agents/test_runner.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import pytest
 
 from prime_rl.envs import load_env
 from prime_rl.orchestrator.config import EnvConfig
-from prime_rl.orchestrator.draws import ExampleSource
+from prime_rl.orchestrator.examples.draws import ExampleSource
 from prime_rl.utils.errors import UserError
 from tests.support.entrypoints import run_entrypoint
 

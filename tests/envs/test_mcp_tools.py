@@ -12,8 +12,8 @@ import pytest
 
 from prime_rl.envs.mcp_tools import McpServer, McpServerFailed
 from prime_rl.orchestrator.config import EnvConfig
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.env_calls import call_env
+from prime_rl.orchestrator.examples.draws import Draw
+from prime_rl.orchestrator.rollouts.env_calls import call_env
 from prime_rl.utils.errors import UserError
 from tests.support.mcp_envs import SERVER, McpCalculator
 

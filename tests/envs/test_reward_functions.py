@@ -12,12 +12,12 @@ import pytest
 
 from prime_rl.envs import load_env
 from prime_rl.envs.reward_functions import builtin_rewards, extract_answer, parse_number
-from prime_rl.orchestrator import env_calls
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.env_calls import EnvironmentFailed
-from prime_rl.orchestrator.rollouts import score_group
+from prime_rl.orchestrator.examples.draws import Draw
+from prime_rl.orchestrator.rollouts import env_calls
+from prime_rl.orchestrator.rollouts.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.rollouts.scoring import score_group
 
 FN = builtin_rewards("auto", ("strip", "whitespace"))
 

@@ -12,7 +12,7 @@ import pytest
 
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator import client as client_module
-from prime_rl.orchestrator.client import InferenceClient, InferenceError
+from prime_rl.orchestrator.client import InferenceClient, InferenceError, RolloutCompletion
 from prime_rl.orchestrator.config import ClientConfig
 
 GOOD = (b'{"prompt_token_ids": [1], "weight_step": 3, "choices": [{"index": 0, "token_ids": [5], '
@@ -235,3 +235,17 @@ def test_the_aborted_choices_of_one_request_are_resubmitted_on_seed_streams_of_t
     assert sorted(body["seed"] for body in sent[1:]) == sorted(
         [client_module.resubmit_seed(11, 1), client_module.resubmit_seed(12, 1)])
     assert len({body["seed"] for body in sent[1:]}) == 2
+
+
+def test_a_rollout_record_grows_by_sampled_turns_and_context_ids():
+    """The one record of a rollout's ids after its prompt: a chat choice (mask None: all sampled) extended by a
+    template tail and another call's sample keeps per token its logprob, mask and (sampled ones) weight step."""
+    record = RolloutCompletion([5, 6], [-0.5, -0.25], "first", "length", [3, 3])
+    record.add_context([9])
+    record.add_sampled(RolloutCompletion([7], [-0.125], "<think>x</think>second", "stop", [4]), text="second")
+    assert (record.token_ids, record.logprobs, record.mask) == ([5, 6, 9, 7], [-0.5, -0.25, 0.0, -0.125],
+                                                                [True, True, False, True])
+    assert record.weight_steps == [3, 3, 4] and record.text == "second" and not record.truncated
+    empty = RolloutCompletion.empty()
+    empty.add_context([])
+    assert (empty.token_ids, empty.mask, empty.text, empty.finish_reason) == ([], [], "", "stop")

@@ -10,10 +10,12 @@ import pytest
 
 from prime_rl.orchestrator.collector import Collaborators
 from prime_rl.orchestrator.config import OrchestratorConfig
-from prime_rl.orchestrator.draws import ExampleSource
+from prime_rl.orchestrator.examples.draws import ExampleSource
 from prime_rl.orchestrator.group_advantages import GroupAdvantages
 from prime_rl.orchestrator.orchestrator import COLLECTORS
-from prime_rl.orchestrator.rollouts import GroupGenerator, RolloutSettings
+from prime_rl.orchestrator.rollouts.generator import GroupGenerator
+from prime_rl.orchestrator.rollouts.seam import RolloutSettings
+from prime_rl.orchestrator.rollouts.single_turn import SingleTurnRunner
 from prime_rl.orchestrator.weight_sync import WeightSync
 from tests.support.scripted_client import ScriptedClient
 
@@ -28,7 +30,9 @@ def test_a_collector_fills_a_step_from_its_collaborators_alone(tmp_path, mode, f
     })
     client = ScriptedClient()  # every other request's group ties: zero advantage
     source = ExampleSource(config.env, config.seed)
-    parts = Collaborators(GroupGenerator(client, 4, config.sampling.rule, RolloutSettings(config.sampling.max_tokens)),
+    generator = GroupGenerator({"single_turn": SingleTurnRunner(client)}, 4, config.sampling.rule,
+                               RolloutSettings(config.sampling.max_tokens))
+    parts = Collaborators(generator,
                           source, WeightSync(client, tmp_path, config.max_async_level, 5.0),
                           GroupAdvantages(config.advantage, 4))
     collector = COLLECTORS[mode](parts, config)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 
 import pytest
 
 from prime_rl.configs.cli import build_config, parse_config
+from prime_rl.envs.reverse_text import ReverseTextEnv
 from prime_rl.launch.rl_config import RLConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.utils.errors import ConfigError
@@ -127,3 +129,34 @@ def test_an_environment_named_by_import_path_is_named_by_its_id_in_metrics():
 def test_chat_template_kwargs_that_are_renderer_arguments_are_refused_at_load(key):
     with pytest.raises(ValueError, match=f"may not set {key}"):
         OrchestratorConfig.build([], {"chat_template_kwargs": {key: "x"}})
+
+
+class CountedEnv(ReverseTextEnv):
+    """reverse-text over a pool of 3 examples (a curriculum can weigh them) that counts how often it is built."""
+
+    id = "counted"
+    built = 0
+
+    def __init__(self, **args):
+        CountedEnv.built += 1
+        super().__init__(**args)
+        self.pool = list(itertools.islice(super().examples(seed=0), 3))
+
+    def example_pool(self):
+        return self.pool
+
+
+def test_an_environment_is_built_once_for_the_checks_the_draws_and_the_evaluation(tmp_path, monkeypatch):
+    from prime_rl.orchestrator.examples.draws import ExampleSource
+    from prime_rl.orchestrator.orchestrator import eval_draws
+
+    monkeypatch.setattr(CountedEnv, "built", 0)
+    config = OrchestratorConfig.build(overrides={
+        "output_dir": str(tmp_path), "env": [{"id": f"{__name__}:CountedEnv", "args": {"max_len": 6}}],
+        "eval": {"interval": 1, "num_examples": 2}, "curriculum": {}})
+    source = ExampleSource(config.env, config.seed)
+    draws = eval_draws(config, source.envs)
+    assert CountedEnv.built == 1 and draws[0].environment is source.envs["counted"] is config.env[0].build()
+    copy = config.model_copy(deep=True)
+    assert copy == config and copy.env[0].build() is not source.envs["counted"]  # a deep copy builds its own
+    assert CountedEnv.built == 2

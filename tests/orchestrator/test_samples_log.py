@@ -12,8 +12,7 @@ import torch
 from prime_rl.envs.environment import Example, Rollout
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import SamplesConfig
-from prime_rl.orchestrator.conversation import TurnStats
-from prime_rl.orchestrator.rollouts import Group
+from prime_rl.orchestrator.rollouts.scored_group import Group, TurnStats
 from prime_rl.orchestrator.samples_log import SamplesFile, samples_jsonl
 
 

@@ -53,10 +53,10 @@ class ScriptedServer:
                                                                      "stop", [self.calls] * len(ids))])
 
 
-def sampled_runs(segment) -> list[list[int]]:
-    """The segment's runs of sampled (mask 1) ids, in order: one per call."""
+def sampled_runs(record: RolloutCompletion) -> list[list[int]]:
+    """A rollout record's runs of sampled (mask 1) ids, in order: one per call."""
     runs, current = [], []
-    for token, keep in zip(segment.token_ids, segment.mask, strict=True):
+    for token, keep in zip(record.token_ids, record.mask, strict=True):
         if keep:
             current.append(token)
         elif current:

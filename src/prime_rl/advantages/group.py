@@ -11,7 +11,7 @@ All of it is computed in float64 (the built-in functions return float64; `comput
 returns float32 for the batch file).
 
 Partial groups. A group may train on fewer than its R rollouts (the environment's `on_error = "exclude"`: a
-failed rollout is left out, `orchestrator/rollouts.py`): `trained` [groups, rollouts] says which. Its advantages
+failed rollout is left out, `orchestrator/rollouts/scoring.py`): `trained` [groups, rollouts] says which. Its advantages
 are then those of its trained rollouts alone, as a group of that size (grpo's mean and std over the k left,
 rloo's k / (k - 1)), and 0 at the excluded ones: the groups of one size k go through the type's function together
 as a [groups, k] table (`group_advantages`). Whitening (`normalize_advantages`, REINFORCE++-baseline) is over

@@ -192,6 +192,7 @@ class CommandAgent:
 @register_env
 class AgentEnvironment(Environment):
     id = "agent"
+    rollout_kind = "agent"
 
     def __init__(self, task: dict | None = None, function: str = "", command: list | None = None,
                  timeout_s: float = 300.0, max_concurrency: int = 32, turn_discount: float = 1.0):

@@ -99,6 +99,13 @@ class Environment(ABC):
     tools: list[dict[str, Any]] = []
     """OpenAI-style tool schemas handed to the chat template (`tools=`); none by default."""
 
+    @property
+    def rollout_kind(self) -> str:
+        """How the orchestrator runs this environment's rollouts: "single_turn" or "multi_turn" (by `multi_turn`);
+        "agent" for an agent environment; a kind of your own names a runner you registered
+        (`orchestrator/rollouts/kinds.py`)."""
+        return "multi_turn" if self.multi_turn else "single_turn"
+
     @abstractmethod
     def examples(self, seed: int = 0) -> Iterator[Example]:
         """An infinite iterator of examples; the same seed gives the same sequence."""

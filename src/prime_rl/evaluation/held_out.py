@@ -23,10 +23,10 @@ import torch
 from prime_rl.inference.backends import BuiltinServer, builtin_server
 from prime_rl.inference.config import InferenceConfig
 from prime_rl.orchestrator.config import OrchestratorConfig
-from prime_rl.orchestrator.draws import ExampleSource
+from prime_rl.orchestrator.examples.draws import ExampleSource
 from prime_rl.orchestrator.metrics import pass_at_k
 from prime_rl.orchestrator.orchestrator import eval_draws, eval_generator, generate_eval, group_generator
-from prime_rl.orchestrator.rollouts import Group
+from prime_rl.orchestrator.rollouts.scored_group import Group
 from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.utils.errors import UserError
 
@@ -48,12 +48,13 @@ def _groups_table(groups: list[Group], threshold: float) -> dict[str, dict[str, 
 
 async def _generate(o: OrchestratorConfig, weights: tuple[Path, int] | None) -> dict[str, dict[str, float]]:
     e = o.eval
-    draws = eval_draws(o)
+    envs = ExampleSource(o.env, o.seed).envs
+    draws = eval_draws(o, envs)
     async with ServerPool(o.client) as client:
         await client.wait_ready()
         if weights is not None:  # as a run loads them: full weights, or an adapter merged into the base
             await client.update_weights(str(weights[0].absolute()), weights[1])
-        generator, agents = group_generator(o, ExampleSource(o.env, o.seed), client)
+        generator = group_generator(o, envs, client)
         try:
             first = e.temperature if e.rollouts == 1 else 0.0  # one rollout: as the run evaluates (greedy: 0)
             greedy = _groups_table(await generate_eval(eval_generator(generator, 1, first), draws, o.seed),
@@ -67,8 +68,7 @@ async def _generate(o: OrchestratorConfig, weights: tuple[Path, int] | None) -> 
                     results[env] |= {f"pass@{e.rollouts}": row["pass@k"], "sampled_reward": row["reward"],
                                      "sampled_tokens": row["tokens"]}
         finally:
-            if agents is not None:
-                await agents.stop()
+            await generator.stop()
     return results
 
 

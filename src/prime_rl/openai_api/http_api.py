@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API written once, for the inference server's backends (`inference/api.py` composes a
-backend's app from it) and the orchestrator's agent gateway (`orchestrator/agent_gateway.py`), so both answer alike:
+backend's app from it) and the orchestrator's agent gateway (`rollouts/agents/gateway.py`), so both answer alike:
 
 - **Errors.** `json_app` puts an app behind `guard.RequestGuard` (API key 401, admin Host 403 and Content-Type 415,
   body cap 413) and answers every error as `{"error": {"message", "type", "code"}}` (`guard.error_payload`): an

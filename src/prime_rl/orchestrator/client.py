@@ -74,7 +74,7 @@ class InferenceError(PrimeError):
 @dataclass
 class RolloutCompletion:
     """One rollout's tokens after the prompt: one chat choice, or a whole multi-turn conversation
-    (`orchestrator/conversation.py`), whose environment tokens have `mask` false and logprob 0."""
+    (`orchestrator/rollouts/multi_turn.py`), whose environment tokens have `mask` false and logprob 0."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -86,6 +86,29 @@ class RolloutCompletion:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @classmethod
+    def empty(cls) -> RolloutCompletion:
+        """A record to build a rollout in, turn by turn (`add_sampled`, `add_context`)."""
+        return cls([], [], "", "stop", [], [])
+
+    def add_sampled(self, sampled: RolloutCompletion, text: str | None = None) -> None:
+        """Append what the policy sampled in one call (mask true, with its logprobs and weight steps); its finish
+        reason and text (or `text`: what of it to keep) become the record's."""
+        self.add_ids(sampled.token_ids, sampled.logprobs, True)
+        self.weight_steps += sampled.weight_steps
+        self.finish_reason, self.text = sampled.finish_reason, sampled.text if text is None else text
+
+    def add_context(self, ids: list[int]) -> None:
+        """Append ids the policy did not sample (a template tail, an environment's reply): mask false, logprob 0."""
+        self.add_ids(ids, [0.0] * len(ids), False)
+
+    def add_ids(self, ids: list[int], logprobs: list[float], sampled: bool) -> None:
+        if self.mask is None:
+            self.mask = [True] * len(self.token_ids)
+        self.token_ids += ids
+        self.logprobs += logprobs
+        self.mask += [sampled] * len(ids)
 
 
 @dataclass

@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prime_rl.orchestrator.draws import ExampleSource
+from prime_rl.orchestrator.examples.draws import ExampleSource
 from prime_rl.orchestrator.group_advantages import GroupAdvantages
-from prime_rl.orchestrator.rollouts import Group, GroupGenerator
+from prime_rl.orchestrator.rollouts.generator import GroupGenerator
+from prime_rl.orchestrator.rollouts.scored_group import Group
 from prime_rl.orchestrator.weight_sync import WeightSync
 
 

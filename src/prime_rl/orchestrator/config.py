@@ -6,14 +6,14 @@ import importlib.util
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from prime_rl.configs.advantage import AdvantageConfig, GrpoAdvantageConfig
 from prime_rl.configs.base import BaseConfig
 from prime_rl.configs.model_info import context_length, vocabulary_mismatch
 from prime_rl.configs.shared import ASYNC_LEVEL_DEFAULT, AsyncLevel, CkptConfig, ModelConfig, RunConfig
 from prime_rl.configs.validators import ApiKey
-from prime_rl.envs import ENVIRONMENTS, load_env
+from prime_rl.envs import ENVIRONMENTS, Environment, load_env
 from prime_rl.inference.config import BACKENDS, resolved_backend
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.utils.errors import UserError
@@ -47,8 +47,26 @@ class ClientConfig(BaseConfig):
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
+class _Built:
+    """The environment a config built, kept beside it: no part of the config's value (configs that differ only in
+    it are equal), and a deep copy of the config builds its own."""
+
+    def __init__(self) -> None:
+        self.env: Environment | None = None
+
+    def __deepcopy__(self, memo: dict) -> _Built:
+        return _Built()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Built)
+
+    __hash__ = None
+
+
 class EnvConfig(BaseConfig):
     """One environment to sample prompts from (`[[orchestrator.env]]`, repeat to mix)."""
+
+    _built: _Built = PrivateAttr(default_factory=_Built)
 
     id: str = "reverse-text"
     """Environment id: a built-in (reverse-text, alphabet-sort, arithmetic), 'pkg.module:Class', or a verifiers
@@ -84,13 +102,32 @@ class EnvConfig(BaseConfig):
             return getattr(cls, "id", None) or self.id
         return self.id
 
+    def build(self) -> Environment:
+        """Its environment, built by the first call and kept: the config's checks, the run's draws and its
+        evaluation use the one environment."""
+        if self._built.env is None:
+            self._built.env = load_env(self.id, **self.args)
+        return self._built.env
+
+    @property
+    def checkable(self) -> bool:
+        """Whether its environment is built when the config is read (a built-in or a class by import path); a
+        verifiers id is built when the run starts."""
+        return self.id in ENVIRONMENTS or ":" in self.id
+
+    @property
+    def rollout_kind(self) -> str | None:
+        """Its environment's rollout kind (`Environment.rollout_kind`), or None for a verifiers id (not built yet;
+        single- or multi-turn, never an agent)."""
+        return self.build().rollout_kind if self.checkable else None
+
     @model_validator(mode="after")
     def _loadable(self) -> EnvConfig:
         # Built-ins are cheap to build, so bad ids and args fail at config time (before `rl`
         # starts anything). Other ids go to `verifiers` and are checked when the run starts.
-        if self.id in ENVIRONMENTS or ":" in self.id:
+        if self.checkable:
             try:
-                env = load_env(self.id, **self.args)
+                env = self.build()
             except UserError as exc:
                 raise ValueError(str(exc)) from None
             if not env.multi_turn and self.max_turns not in (None, 1):
@@ -397,11 +434,12 @@ class OrchestratorConfig(RunConfig):
                 raise ValueError(f"advantage.reward_kl makes the trainer compute the '{self.advantage.type}' "
                                  f"advantages from rewards minus the KL: {clashing[0]} needs the orchestrator's "
                                  "(turn one of them off)")
-        discounted = [e.metric_name for e in self.env if e.id == "agent" and e.args.get("turn_discount", 1) != 1]
+        agents = [e for e in self.env if e.rollout_kind == "agent"]
+        discounted = [e.metric_name for e in agents if e.build().turn_discount != 1]
         if discounted and (self.teacher is not None or self.advantage.computed_in == "trainer"):
             raise ValueError(f"environment '{discounted[0]}': turn_discount scales the orchestrator's advantage per "
                              "token, which a teacher's or a trainer-computed advantage replaces: leave it at 1")
-        if self.advantage.trainer_step == "groups" and any(e.id == "agent" for e in self.env):
+        if self.advantage.trainer_step == "groups" and agents:
             raise ValueError("advantage.reward_kl recomputes each group from one sample per rollout, but an agent "
                              "rollout trains one sample per segment: turn reward_kl off for agent environments")
         names = [e.metric_name for e in self.env]
@@ -421,8 +459,7 @@ class OrchestratorConfig(RunConfig):
         if unknown:
             raise ValueError(f"curriculum.envs names no environment {unknown[0]!r} (environments: {', '.join(names)})")
         for env, name in zip(self.env, names, strict=True):
-            checkable = env.id in ENVIRONMENTS or ":" in env.id
-            if (chosen is None or name in chosen) and checkable and not load_env(env.id, **env.args).example_pool():
+            if (chosen is None or name in chosen) and env.checkable and not env.build().example_pool():
                 raise ValueError(no_example_ids(name, chosen is None))
 
     def check_consistency(self, prefix: str = "") -> None:

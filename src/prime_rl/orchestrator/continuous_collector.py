@@ -36,8 +36,9 @@ import time
 
 from prime_rl.orchestrator.collector import Collaborators, Collected, tokens_per_s
 from prime_rl.orchestrator.config import OrchestratorConfig
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.rollouts import Group, request_seed
+from prime_rl.orchestrator.examples.draws import Draw
+from prime_rl.orchestrator.rollouts.generator import request_seed
+from prime_rl.orchestrator.rollouts.scored_group import Group
 from prime_rl.utils.logging import get_logger
 
 POLL_S = 0.05  # how often a waiting batch also looks for new weights

@@ -21,7 +21,7 @@ import torch
 
 from prime_rl.advantages.group import compute_advantages, zero_groups
 from prime_rl.configs.advantage import AdvantageConfig
-from prime_rl.orchestrator.rollouts import Group
+from prime_rl.orchestrator.rollouts.scored_group import Group
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from collections import defaultdict
 import torch
 
 from prime_rl.envs.environment import TOOL_ERROR_KINDS
-from prime_rl.orchestrator.agent_stitching import FORK_REASONS
-from prime_rl.orchestrator.rollouts import Group
+from prime_rl.orchestrator.rollouts.agents.stitching import FORK_REASONS
+from prime_rl.orchestrator.rollouts.scored_group import Group
 
 
 def pass_at_k(solved: torch.Tensor) -> float:

@@ -33,23 +33,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from prime_rl.batch_format import RECORD_FIELDS, write_step
-from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.configs.base import config_data
 from prime_rl.configs.cli import run_main
-from prime_rl.envs import load_env
-from prime_rl.envs.agent import AgentEnvironment
+from prime_rl.envs import Environment
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.models.vocabulary import local_tokenizer_vocab, tokenizer_vocab
 from prime_rl.monitor import Monitor
-from prime_rl.orchestrator.agent_gateway import AgentGateway
-from prime_rl.orchestrator.agent_rollouts import AgentRunner
 from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.collector import Collaborators, RolloutCollector
 from prime_rl.orchestrator.config import OrchestratorConfig
 from prime_rl.orchestrator.continuous_collector import ContinuousCollector
-from prime_rl.orchestrator.conversation import ConversationRunner
-from prime_rl.orchestrator.draws import Draw, ExampleSource
+from prime_rl.orchestrator.examples.draws import Draw, ExampleSource
 from prime_rl.orchestrator.group_advantages import GroupAdvantages
 from prime_rl.orchestrator.metrics import advantage_metrics, eval_metrics, reward_metrics, rollout_metrics
 from prime_rl.orchestrator.orchestrator_ckpt import (
@@ -59,7 +53,10 @@ from prime_rl.orchestrator.orchestrator_ckpt import (
     rng_to_json,
     save_state,
 )
-from prime_rl.orchestrator.rollouts import Group, GroupGenerator, RolloutSettings, request_seed
+from prime_rl.orchestrator.rollouts.generator import GroupGenerator, request_seed
+from prime_rl.orchestrator.rollouts.kinds import build_runners
+from prime_rl.orchestrator.rollouts.scored_group import Group
+from prime_rl.orchestrator.rollouts.seam import RolloutSettings, RunnerContext
 from prime_rl.orchestrator.samples_log import samples_jsonl
 from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.orchestrator.step_collector import StepCollector
@@ -92,45 +89,28 @@ class Generated:
     state: OrchestratorState  # the checkpoint of a run resuming after this step
 
 
-def token_runners(config: OrchestratorConfig, source: ExampleSource, client: InferenceClient | ServerPool
-                  ) -> tuple[ConversationRunner | None, AgentRunner | None, int | None]:
-    """The token-in, token-out runners the run's environments need (multi-turn conversations, agent sessions),
-    sharing the served model's tokenizer, and the tokenizer's id count (`models.vocabulary`: from that tokenizer
-    when loaded, else read from the model's files)."""
-    envs = source.envs.values()
-    agents = any(isinstance(env, AgentEnvironment) for env in envs)
-    multi_turn = any(env.multi_turn and not isinstance(env, AgentEnvironment) for env in envs)
-    if not agents and not multi_turn:
-        return None, None, local_tokenizer_vocab(config.model.path, config.model.trust_remote_code)
-    model = config.model
-    chat_tokens = ChatTokens.load(model.path, model.trust_remote_code, config.chat_template_kwargs)
-    conversations = ConversationRunner(chat_tokens, config.seq_len, config.reasoning) if multi_turn else None
-    runner = AgentRunner(AgentGateway(client, chat_tokens, config.seq_len, model.name, config.reasoning)
-                         ) if agents else None
-    return conversations, runner, tokenizer_vocab(chat_tokens.tokenizer)
-
-
-def eval_draws(config: OrchestratorConfig) -> list[Draw]:
-    """The fixed evaluation set: the first `eval.num_examples` eval examples of every environment."""
+def eval_draws(config: OrchestratorConfig, envs: dict[str, Environment]) -> list[Draw]:
+    """The fixed evaluation set: the first `eval.num_examples` eval examples of every environment (`envs`: the
+    run's, by metric name)."""
     draws = []
     for i, env_config in enumerate(config.env):
-        env = load_env(env_config.id, **env_config.args)
+        env = envs[env_config.metric_name]
         examples = env.eval_examples(seed=config.seed + EVAL_SEED_OFFSET + i)
         draws += [Draw(env_config.metric_name, env, next(examples), env_config)
                   for _ in range(config.eval.num_examples)]
     return draws
 
 
-def group_generator(config: OrchestratorConfig, source: ExampleSource, client: InferenceClient | ServerPool
-                    ) -> tuple[GroupGenerator, AgentRunner | None]:
-    """The run's rollout generator (`rollouts_per_example` completions a prompt, `sampling`'s rule) and the agent
-    runner it drives (None without agent environments: the caller stops it)."""
-    conversations, agents, vocab = token_runners(config, source, client)
-    # Sampled ids past the tokenizer's fail their rollout (`rollouts.cut_unsampleable`).
-    settings = RolloutSettings(config.sampling.max_tokens, config.truncated_reward, vocab,
+def group_generator(config: OrchestratorConfig, envs: dict[str, Environment], client: InferenceClient | ServerPool
+                    ) -> GroupGenerator:
+    """The run's rollout generator (`rollouts_per_example` completions a prompt, `sampling`'s rule) with one runner
+    for each rollout kind of `envs` (`rollouts/kinds.py`); the caller stops it."""
+    context = RunnerContext(config, client)
+    runners = build_runners((env.rollout_kind for env in envs.values()), context)
+    # Sampled ids past the tokenizer's fail their rollout (`rollouts/scoring.cut_unsampleable`).
+    settings = RolloutSettings(config.sampling.max_tokens, config.truncated_reward, context.vocab(),
                                config.chat_template_kwargs, config.reasoning)
-    return GroupGenerator(client, config.rollouts_per_example, config.sampling.rule, settings, conversations,
-                          agents), agents
+    return GroupGenerator(runners, config.rollouts_per_example, config.sampling.rule, settings)
 
 
 def eval_generator(generator: GroupGenerator, rollouts: int, temperature: float) -> GroupGenerator:
@@ -165,13 +145,13 @@ class Orchestrator:
                                     state.curriculum)
         self.sync = WeightSync(client, config.output_dir, config.max_async_level, config.weights_timeout_s,
                                trusted_upto=state.step, in_flight=config.rollout_mode == "continuous")
-        generator, self.agents = group_generator(config, self.source, client)
+        self.generator = generator = group_generator(config, self.source.envs, client)
         self.advantages = GroupAdvantages(config.advantage, config.rollouts_per_example)
         parts = Collaborators(generator, self.source, self.sync, self.advantages)
         self.collector: RolloutCollector = COLLECTORS[config.rollout_mode](parts, config)
         e = config.eval
         self.eval_generator = eval_generator(generator, e.rollouts, e.temperature)
-        self.eval_draws = eval_draws(config) if e.interval else []
+        self.eval_draws = eval_draws(config, self.source.envs) if e.interval else []
 
     async def evaluate(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -206,12 +186,11 @@ class Orchestrator:
         return samples
 
     async def close(self) -> None:
-        """Stop the collector's rollouts in flight and the agent gateway."""
+        """Stop the collector's rollouts in flight and the rollout runners (an agent gateway)."""
         try:
             await self.collector.stop()
         finally:
-            if self.agents is not None:
-                await self.agents.stop()
+            await self.generator.stop()
 
     async def step(self, step: int) -> dict[str, float]:
         """Generate step `step`, then finish it (`run_steps` overlaps the two parts of consecutive steps)."""

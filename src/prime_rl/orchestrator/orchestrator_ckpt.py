@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_rl.orchestrator.curriculum import state_problem
+from prime_rl.orchestrator.examples.curriculum import state_problem
 from prime_rl.run_dir import ORCHESTRATOR, ORCHESTRATOR_STATE, TRAINER, checkpoint_dir, prune_checkpoints
 from prime_rl.utils.checksums import verify_manifest, write_manifest
 from prime_rl.utils.errors import UserError

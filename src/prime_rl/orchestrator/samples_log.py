@@ -31,7 +31,7 @@ import torch
 
 from prime_rl.orchestrator.client import RolloutCompletion
 from prime_rl.orchestrator.config import SamplesConfig
-from prime_rl.orchestrator.rollouts import Group
+from prime_rl.orchestrator.rollouts.scored_group import Group
 from prime_rl.utils.strict_json import finite_rounded
 
 

@@ -11,13 +11,16 @@ import pytest
 
 from prime_rl.envs import Example, Reward
 from prime_rl.envs.environment import Environment
-from prime_rl.orchestrator import env_calls, rollouts
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.examples.draws import Draw
 from prime_rl.orchestrator.metrics import rollout_metrics
-from prime_rl.orchestrator.rollouts import score_group
+from prime_rl.orchestrator.rollouts import env_calls, scoring
+from prime_rl.orchestrator.rollouts.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.rollouts.generator import GroupGenerator
+from prime_rl.orchestrator.rollouts.scoring import score_group
+from prime_rl.orchestrator.rollouts.seam import RolloutSettings
+from prime_rl.orchestrator.rollouts.single_turn import SingleTurnRunner
 from prime_rl.utils.errors import UserError
 
 EXAMPLE = Example([{"role": "user", "content": "reverse: abc"}], "cba")
@@ -103,12 +106,13 @@ class PaddedIdClient:
 
 
 def test_a_sampled_id_past_the_tokenizer_fails_its_rollout_alone(caplog, monkeypatch):
-    monkeypatch.setattr(rollouts, "_unsampleable", collections.Counter())
+    monkeypatch.setattr(scoring, "_unsampleable", collections.Counter())
     caplog.set_level(logging.WARNING)
-    settings = rollouts.RolloutSettings(max_tokens=8, vocab=100)
+    settings = RolloutSettings(max_tokens=8, vocab=100)
     for on_error in ("zero", "fail"):  # the server made the id, not the environment: never a stopped run
         draw = Draw("flaky", Flaky(), EXAMPLE, EnvConfig(on_error=on_error))
-        (group,) = asyncio.run(rollouts.GroupGenerator(PaddedIdClient(), 2, None, settings).generate([draw], [0]))
+        generator = GroupGenerator({"single_turn": SingleTurnRunner(PaddedIdClient())}, 2, None, settings)
+        (group,) = asyncio.run(generator.generate([draw], [0]))
         assert group.rewards == [1.0, 0.0]
         assert group.errors == [None, "the server sampled token id 150, past the tokenizer's 100 ids"]
         kept, cut = group.result.completions

@@ -16,8 +16,8 @@ from prime_rl.envs import Example, load_env
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.collector import Collected
 from prime_rl.orchestrator.config import CurriculumConfig, EnvConfig, OrchestratorConfig
-from prime_rl.orchestrator.curriculum import Curriculum, example_pools
-from prime_rl.orchestrator.draws import ExampleSource
+from prime_rl.orchestrator.examples.curriculum import Curriculum, example_pools
+from prime_rl.orchestrator.examples.draws import ExampleSource
 from prime_rl.orchestrator.orchestrator import Orchestrator
 from prime_rl.orchestrator.orchestrator_ckpt import OrchestratorState, load_state
 from prime_rl.utils.errors import UserError

@@ -21,7 +21,7 @@ none: 401). The agent calls `chat/completions` as it would any OpenAI-compatible
 Calls of one session run one at a time, in arrival order (a session is one conversation; an agent that
 fans out opens a session per branch). `close_session` ends the session (its key is refused from then on, and a
 call still generating when it ends is dropped) and returns its stitcher: the segments the trainer will see. `n`
-must be 1: a rollout's group is made of sessions. `AgentRunner` (`orchestrator/agent_rollouts.py`) serves the app
+must be 1: a rollout's group is made of sessions. `AgentRunner` (`rollouts/agents/runner.py`) serves the app
 on 127.0.0.1 and runs the agents.
 """
 
@@ -45,9 +45,9 @@ from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.openai_api.access import AccessPolicy
 from prime_rl.openai_api.http_api import HTTPError, answer, chat_message, context_room, json_app, model_card, parse
 from prime_rl.openai_api.protocol import ChatRequest, Completion
-from prime_rl.orchestrator.agent_stitching import SessionStitcher
 from prime_rl.orchestrator.client import InferenceClient, RolloutCompletion, call_seed
 from prime_rl.orchestrator.config import ReasoningConfig
+from prime_rl.orchestrator.rollouts.agents.stitching import SessionStitcher
 
 
 def text_parts_joined(message: Any) -> Any:

@@ -15,9 +15,9 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prime_rl.envs import Environment, Example, load_env
+from prime_rl.envs import Environment, Example
 from prime_rl.orchestrator.config import CurriculumConfig, EnvConfig
-from prime_rl.orchestrator.curriculum import Curriculum, example_pools
+from prime_rl.orchestrator.examples.curriculum import Curriculum, example_pools
 
 
 @dataclass
@@ -40,7 +40,7 @@ class ExampleSource:
         self.names = [c.metric_name for c in configs]
         self.configs = {c.metric_name: c for c in configs}
         self.weights = [c.weight for c in configs]
-        self.envs = {c.metric_name: load_env(c.id, **c.args) for c in configs}
+        self.envs = {c.metric_name: c.build() for c in configs}
         self.cursors = {name: 0 for name in self.names}
         self.iterators: dict[str, Iterator[Example]] = {}
         for i, name in enumerate(self.names):

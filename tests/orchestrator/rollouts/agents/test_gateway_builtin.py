@@ -13,9 +13,9 @@ import pytest
 
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.orchestrator.agent_gateway import AgentGateway
 from prime_rl.orchestrator.client import InferenceClient
 from prime_rl.orchestrator.config import ClientConfig
+from prime_rl.orchestrator.rollouts.agents.gateway import AgentGateway
 from tests.support.agent_sessions import sampled_runs
 from tests.support.inference_server import start_server, stop_server
 
@@ -47,13 +47,13 @@ def test_an_openai_agent_through_the_gateway_trains_on_the_servers_own_tokens_an
             segments = gateway.close_session(session.id).stitcher.segments
             (segment,) = segments
             # Score the stitched sequence as the trainer would: each token's logprob given every token before it.
-            (scored,) = await client.score_many([segment.prompt_ids + segment.token_ids], 1.0)
+            (scored,) = await client.score_many([segment.prompt_ids + segment.record.token_ids], 1.0)
             return segment, scored
 
     segment, scored = asyncio.run(run())
-    assert segment.calls == 4 and len(sampled_runs(segment)) == 4
-    start = len(segment.prompt_ids)
-    sampled = [(scored[start + i - 1], lp) for i, (lp, keep) in enumerate(zip(segment.logprobs, segment.mask,
+    assert segment.calls == 4 and len(sampled_runs(segment.record)) == 4
+    start, record = len(segment.prompt_ids), segment.record
+    sampled = [(scored[start + i - 1], lp) for i, (lp, keep) in enumerate(zip(record.logprobs, record.mask,
                                                                                 strict=True)) if keep]
     mismatch = sum(math.exp(q - p) - (q - p) - 1 for p, q in sampled) / len(sampled)  # k3 of log r = p - q
     assert max(abs(p - q) for p, q in sampled) < 1e-4 and mismatch < 1e-6

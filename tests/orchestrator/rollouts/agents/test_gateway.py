@@ -1,4 +1,4 @@
-"""The rollout-session gateway (`orchestrator/agent_gateway.py`) as the real `openai` client sees it, with the real
+"""The rollout-session gateway (`rollouts/agents/gateway.py`) as the real `openai` client sees it, with the real
 Qwen3 tokenizer and template: what an agent reads, what the session records (token-exact), streaming, isolation
 between sessions, and failures."""
 
@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.orchestrator.agent_gateway import AgentGateway
 from prime_rl.orchestrator.config import ReasoningConfig
+from prime_rl.orchestrator.rollouts.agents.gateway import AgentGateway
 from tests.support.agent_sessions import TOOLS, ScriptedServer, qwen3, sampled_runs
 
 
@@ -54,8 +54,8 @@ def test_a_plain_openai_agent_over_four_turns_trains_on_exactly_what_was_sampled
     stitcher = asyncio.run(run())
     (segment,) = stitcher.segments
     assert segment.calls == 4 and not stitcher.forks
-    assert sampled_runs(segment) == server.sampled
-    assert segment.weight_steps == [step for i, ids in enumerate(server.sampled, 1) for step in [i] * len(ids)]
+    assert sampled_runs(segment.record) == server.sampled
+    assert segment.record.weight_steps == [step for i, ids in enumerate(server.sampled, 1) for step in [i] * len(ids)]
 
 
 TOOL_CALLS = ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
@@ -84,7 +84,7 @@ def test_parallel_tool_calls_reach_the_agent_and_their_results_extend_the_segmen
 
     stitcher = asyncio.run(run())
     (segment,) = stitcher.segments
-    assert not stitcher.forks and sampled_runs(segment) == server.sampled
+    assert not stitcher.forks and sampled_runs(segment.record) == server.sampled
 
 
 def test_reasoning_is_split_off_and_replaying_without_it_starts_a_new_segment():
@@ -204,7 +204,7 @@ def test_two_hundred_concurrent_sessions_keep_every_call_in_its_own_rollout():
 
     for i, stitcher in asyncio.run(run()):
         (segment,) = stitcher.segments
-        text = qwen3().tokenizer.decode([t for t, keep in zip(segment.token_ids, segment.mask, strict=True) if keep])
+        text = qwen3().tokenizer.decode([id_ for run in sampled_runs(segment.record) for id_ in run])
         assert segment.calls == 2 and text == f"echo rollout {i}<|im_end|>" * 2
     assert not gateway.sessions
 

@@ -13,15 +13,16 @@ from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.envs.environment import EnvReply, Example, MultiTurnEnvironment, Reward
 from prime_rl.models.char_tokenizer import build_char_tokenizer
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.orchestrator import env_calls
 from prime_rl.orchestrator.batch import Sample, pack_batch
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
 from prime_rl.orchestrator.config import EnvConfig
-from prime_rl.orchestrator.conversation import ConversationRunner
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.examples.draws import Draw
 from prime_rl.orchestrator.metrics import rollout_metrics
-from prime_rl.orchestrator.rollouts import GroupGenerator, RolloutSettings
+from prime_rl.orchestrator.rollouts import env_calls
+from prime_rl.orchestrator.rollouts.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.rollouts.generator import GroupGenerator
+from prime_rl.orchestrator.rollouts.multi_turn import ConversationRunner
+from prime_rl.orchestrator.rollouts.seam import RolloutSettings
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -78,10 +79,11 @@ class ScriptedServer:
 
 def run(texts, n=1, seq_len=512, max_tokens=16, env=None, **config):
     server = ScriptedServer(texts)
-    runner = ConversationRunner(ChatTokens(TOKENIZER), seq_len)
+    runner = ConversationRunner(server, ChatTokens(TOKENIZER), seq_len)
     draw = Draw("tool-echo", env or ToolEcho(), EXAMPLE, EnvConfig(**{"respond_timeout_s": 0.3, **config}))
     settings = RolloutSettings(max_tokens)
-    (group,) = asyncio.run(GroupGenerator(server, n, SamplingRule(), settings, runner).generate([draw], [7]))
+    generator = GroupGenerator({"multi_turn": runner}, n, SamplingRule(), settings)
+    (group,) = asyncio.run(generator.generate([draw], [7]))
     return server, group
 
 

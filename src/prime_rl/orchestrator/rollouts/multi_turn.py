@@ -27,47 +27,21 @@ time) is its `TurnStats`, which a single-turn rollout has too (one turn).
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from dataclasses import dataclass, field
 
-from prime_rl.chat.reasoning import split_reasoning
 from prime_rl.chat.template_tokens import ChatTokens
 from prime_rl.envs.environment import EnvReply, Rollout
 from prime_rl.models.sampling_rule import SamplingRule
 from prime_rl.orchestrator.client import ChatResult, InferenceClient, RolloutCompletion, call_seed
 from prime_rl.orchestrator.config import ReasoningConfig
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.env_calls import call_env, report_failure
+from prime_rl.orchestrator.examples.draws import Draw
+from prime_rl.orchestrator.rollouts.env_calls import call_env, report_failure
+from prime_rl.orchestrator.rollouts.scored_group import Group, TurnStats
+from prime_rl.orchestrator.rollouts.scoring import cut_unsampleable, score_group
+from prime_rl.orchestrator.rollouts.seam import RolloutSettings, RunnerContext
+from prime_rl.orchestrator.servers import ServerPool
 from prime_rl.utils.errors import UserError
-
-
-@dataclass
-class TurnStats:
-    """How one rollout's conversation went (all 1/0 for a single-turn rollout, which is a one-turn conversation)."""
-
-    turns: int = 1  # policy turns
-    sampled_tokens: int = 0  # tokens the policy sampled (after the prompt)
-    env_tokens: int = 0  # template and environment tokens between its turns
-    tool_calls: int = 0
-    tool_errors: collections.Counter[str] = field(default_factory=collections.Counter)  # by kind
-    env_calls: int = 0  # `respond` calls
-    env_s: float = 0.0  # seconds spent in them
-    context_truncated: bool = False  # ended because the next turn would not fit seq_len
-    reasoning_chars: int = 0  # characters of reasoning (`chat/reasoning.py`) over its turns
-    unfinished_reasoning: bool = False  # its last turn opened a reasoning block and never closed it
-    segments: int = 1  # training samples (an agent session that forked has several: `agent_stitching.py`)
-    forks: collections.Counter[str] = field(default_factory=collections.Counter)  # an agent session's, by reason
-
-    def add_split(self, text: str, reasoning: ReasoningConfig | None) -> str:
-        """Count `text`'s reasoning (under `reasoning`, None: no parser) and return what the environment sees:
-        the answer, or all of `text` without a parser."""
-        if reasoning is None or reasoning.parser == "none":
-            return text
-        split = split_reasoning(text, reasoning.start_tag, reasoning.end_tag, reasoning.opened_by_prompt)
-        self.reasoning_chars += len(split.reasoning or "")
-        self.unfinished_reasoning = split.unfinished
-        return split.answer
 
 
 def malformed_reply(reply: object) -> str | None:
@@ -86,53 +60,58 @@ def malformed_reply(reply: object) -> str | None:
 
 @dataclass
 class _Conversation:
-    """One rollout under construction: the ids after the prompt and what describes them."""
+    """One rollout under construction: its record of ids after the prompt, its messages, how it goes."""
 
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[bool] = field(default_factory=list)
-    weight_steps: list[int] = field(default_factory=list)  # one per sampled token
+    record: RolloutCompletion = field(default_factory=RolloutCompletion.empty)
     messages: list[dict] = field(default_factory=list)
     stats: TurnStats = field(default_factory=lambda: TurnStats(turns=0))
-    finish_reason: str = "stop"
     error: str | None = None
 
     def add_turn(self, completion: RolloutCompletion, reasoning: ReasoningConfig | None = None) -> None:
-        self.token_ids += completion.token_ids
-        self.logprobs += completion.logprobs
-        self.mask += [True] * len(completion.token_ids)
-        self.weight_steps += completion.weight_steps
         # The environment sees the turn's answer; its tokens stay as sampled, reasoning included.
-        self.messages.append({"role": "assistant", "content": self.stats.add_split(completion.text, reasoning)})
-        self.finish_reason = completion.finish_reason
+        answer = self.stats.add_split(completion.text, reasoning)
+        self.record.add_sampled(completion, text=answer)
+        self.messages.append({"role": "assistant", "content": answer})
         self.stats.turns += 1
         self.stats.sampled_tokens += len(completion.token_ids)
 
     def add_reply(self, ids: list[int], messages: list[dict]) -> None:
-        self.token_ids += ids
-        self.logprobs += [0.0] * len(ids)
-        self.mask += [False] * len(ids)
+        self.record.add_context(ids)
         self.messages += messages
         self.stats.env_tokens += len(ids)
 
-    def completion(self) -> RolloutCompletion:
-        text = self.messages[-1]["content"] if self.messages else ""
-        return RolloutCompletion(self.token_ids, self.logprobs, text, self.finish_reason, self.weight_steps, self.mask)
-
 
 class ConversationRunner:
-    """Runs the rollouts of multi-turn environments against the server (see the module docstring)."""
+    """The runner of kind "multi_turn": runs the rollouts of multi-turn environments against the server (see the
+    module docstring)."""
 
-    def __init__(self, chat_tokens: ChatTokens, seq_len: int, reasoning: ReasoningConfig | None = None):
+    def __init__(self, client: InferenceClient | ServerPool, chat_tokens: ChatTokens, seq_len: int,
+                 reasoning: ReasoningConfig | None = None):
+        self.client = client
         self.chat_tokens = chat_tokens
         self.seq_len = seq_len
         self.reasoning = reasoning  # the environment sees each turn's answer (`chat/reasoning.py`)
 
-    async def run_group(self, client: InferenceClient, draw: Draw, n: int, rule: SamplingRule,
-                        max_tokens: int, seed: int | None
-                        ) -> tuple[ChatResult, list[Rollout], list[TurnStats], list[str | None]]:
+    @classmethod
+    def build(cls, context: RunnerContext) -> ConversationRunner:
+        config = context.config
+        return cls(context.client, context.chat_tokens, config.seq_len, config.reasoning)
+
+    async def run_group(self, draw: Draw, n: int, rule: SamplingRule, settings: RolloutSettings,
+                        seed: int | None) -> Group:
+        """`n` conversations of `draw`, scored (an id past the tokenizer's cuts its rollout: `cut_unsampleable`)."""
+        result, rollouts, stats, failed = await self._conversations(draw, n, rule, settings.max_tokens, seed)
+        failed = cut_unsampleable(draw, [[c] for c in result.completions], settings.vocab, failed)
+        return await score_group(draw, result, settings.truncated_reward, rollouts, stats, failed)
+
+    async def stop(self) -> None:
+        pass
+
+    async def _conversations(self, draw: Draw, n: int, rule: SamplingRule, max_tokens: int, seed: int | None
+                             ) -> tuple[ChatResult, list[Rollout], list[TurnStats], list[str | None]]:
         """`n` conversations of `draw`: (their tokens as a ChatResult, the conversations to score, their stats, why
         each failed or None)."""
+        client = self.client
         env = draw.environment
         prompt_ids = await asyncio.to_thread(self.chat_tokens.prompt_ids, draw.example.prompt, env.tools)
         room = self.seq_len - len(prompt_ids)
@@ -143,16 +122,15 @@ class ConversationRunner:
 
         async def rollout(index: int, completion: RolloutCompletion) -> tuple[_Conversation, Rollout]:
             turn_seed = None if seed is None else seed + index
-            return await self._continue(client, draw, prompt_ids, completion, rule, max_tokens, turn_seed)
+            return await self._continue(draw, prompt_ids, completion, rule, max_tokens, turn_seed)
 
         done = await asyncio.gather(*(rollout(i, c) for i, c in enumerate(first.completions)))
-        result = ChatResult(prompt_ids, first.weight_step, [conv.completion() for conv, _ in done])
+        result = ChatResult(prompt_ids, first.weight_step, [conv.record for conv, _ in done])
         return result, [r for _, r in done], [conv.stats for conv, _ in done], [conv.error for conv, _ in done]
 
-    async def _continue(self, client: InferenceClient, draw: Draw, prompt_ids: list[int], completion: RolloutCompletion,
-                        rule: SamplingRule, max_tokens: int, seed: int | None
-                        ) -> tuple[_Conversation, Rollout]:
-        env, example = draw.environment, draw.example
+    async def _continue(self, draw: Draw, prompt_ids: list[int], completion: RolloutCompletion, rule: SamplingRule,
+                        max_tokens: int, seed: int | None) -> tuple[_Conversation, Rollout]:
+        client, env, example = self.client, draw.environment, draw.example
         max_turns = draw.config.max_turns or env.max_turns
         state = env.initial_state(example)
         conv = _Conversation()
@@ -181,12 +159,12 @@ class ConversationRunner:
             conv.stats.tool_errors.update(reply.tool_errors)
             if reply.done:
                 break
-            room = self.seq_len - len(prompt_ids) - len(conv.token_ids) - len(ids)
+            room = self.seq_len - len(prompt_ids) - len(conv.record.token_ids) - len(ids)
             if room < 1:
                 conv.stats.context_truncated = True
-                conv.finish_reason = "length"
+                conv.record.finish_reason = "length"
                 break
             conv.add_reply(ids, reply.messages)
-            (completion,) = (await client.complete(prompt_ids + conv.token_ids, 1, rule, min(max_tokens, room),
+            (completion,) = (await client.complete(prompt_ids + conv.record.token_ids, 1, rule, min(max_tokens, room),
                                                    call_seed(seed, conv.stats.turns))).completions
-        return conv, Rollout(conv.messages, conv.finish_reason == "length", state)
+        return conv, Rollout(conv.messages, conv.record.truncated, state)

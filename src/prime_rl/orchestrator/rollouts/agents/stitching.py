@@ -13,7 +13,7 @@ assistant's (tool results, a user turn; possibly none). Its prompt is then
 
 (`ChatTokens.reply_ids`: the end of the sampled turn, the new messages, the next generation prompt), so every id
 before the tail is exactly what the server sampled (mask 1, its logprobs and weight steps) or a tail rendered
-once (mask 0, logprob 0), as multi-turn environments do (`orchestrator/conversation.py`).
+once (mask 0, logprob 0), as multi-turn environments do (`orchestrator/rollouts/multi_turn.py`).
 
 Forking. Anything else starts a new segment from a fresh rendering of the call's messages, and the segment before
 it stays a training sample of its own: the trainer never sees ids the policy did not sample under the prompt it
@@ -75,25 +75,16 @@ def canonical(message: dict[str, Any]) -> tuple:
 
 @dataclass
 class Segment:
-    """One training sample of a rollout: the prompt of its first call and every id after it."""
+    """One training sample of a rollout: the prompt of its first call and its record of every id after it
+    (environment ids: mask false)."""
 
     prompt_ids: list[int]
     tools: list[dict[str, Any]] | None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[bool] = field(default_factory=list)
-    weight_steps: list[int] = field(default_factory=list)  # one per sampled token
+    record: RolloutCompletion = field(default_factory=RolloutCompletion.empty)
     history: list[tuple] = field(default_factory=list)  # canonical messages up to and including the last reply
     messages: list[dict[str, Any]] = field(default_factory=list)  # the same, as sent and returned
     requests: list[list[tuple]] = field(default_factory=list)  # each call's canonical messages
     calls: int = 0
-    finish_reason: str = "stop"
-    text: str = ""
-
-    def completion(self) -> RolloutCompletion:
-        """The segment's ids after its prompt, as a rollout's completion (environment ids: mask false)."""
-        return RolloutCompletion(list(self.token_ids), list(self.logprobs), self.text, self.finish_reason,
-                                 list(self.weight_steps), list(self.mask))
 
 
 @dataclass
@@ -130,12 +121,13 @@ class SessionStitcher:
                          list(messages))
         else:
             new = messages[len(current.history):]
-            last = next((i for i, keep in zip(reversed(current.token_ids), reversed(current.mask), strict=True)
-                         if keep), None)
+            record = current.record
+            last = next((i for i, keep in zip(reversed(record.token_ids), reversed(record.mask), strict=True) if keep),
+                        None)
             tail = self.chat_tokens.reply_ids(current.messages, new, tools or [], last)
             call = _Call(current, None, tail, wanted, list(messages))
         self._call = call
-        return call.segment.prompt_ids + call.segment.token_ids + call.tail
+        return call.segment.prompt_ids + call.segment.record.token_ids + call.tail
 
     def abandon_call(self) -> None:
         """Drop the call `begin_call` opened (its generation failed): the session is as before it, and the agent may
@@ -155,16 +147,12 @@ class SessionStitcher:
             self.segments.append(segment)
         if call.fork is not None:
             self.forks[call.fork] += 1
-        segment.token_ids += call.tail + sampled.token_ids
-        segment.logprobs += [0.0] * len(call.tail) + sampled.logprobs
-        segment.mask += [False] * len(call.tail) + [True] * len(sampled.token_ids)
-        segment.weight_steps += sampled.weight_steps
+        segment.record.add_context(call.tail)
+        segment.record.add_sampled(sampled)
         segment.requests.append(call.wanted)
         segment.history = [*call.wanted, canonical(reply)]
         segment.messages = [*call.messages, reply]
         segment.calls += 1
-        segment.finish_reason = sampled.finish_reason
-        segment.text = sampled.text
         self._call = None
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""Agent rollouts end to end in the orchestrator's process (`orchestrator/agent_rollouts.py`): the gateway served on
+"""Agent rollouts end to end in the orchestrator's process (`rollouts/agents/runner.py`): the gateway served on
 loopback, real agents (the OpenAI Agents SDK, a plain `openai` loop, commands) in front of a scripted server on
 the real Qwen3 and Llama 3 tokenizers and templates, what each rollout trains, and every way an agent fails."""
 
@@ -21,18 +21,19 @@ import torch
 from prime_rl.envs.agent import AgentEnvironment
 from prime_rl.envs.environment import Example
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.orchestrator.agent_gateway import AgentGateway
-from prime_rl.orchestrator.agent_rollouts import AgentRunner
 from prime_rl.orchestrator.config import EnvConfig, OrchestratorConfig
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.examples.draws import Draw
 from prime_rl.orchestrator.metrics import rollout_metrics
 from prime_rl.orchestrator.orchestrator import Orchestrator
-from prime_rl.orchestrator.rollouts import GroupGenerator, RolloutSettings
+from prime_rl.orchestrator.rollouts.agents.gateway import AgentGateway
+from prime_rl.orchestrator.rollouts.agents.runner import AgentRunner
+from prime_rl.orchestrator.rollouts.env_calls import EnvironmentFailed
+from prime_rl.orchestrator.rollouts.generator import GroupGenerator
+from prime_rl.orchestrator.rollouts.seam import RolloutSettings
 from tests.support import REPO
 from tests.support.agent_sessions import ScriptedServer, sampled_runs
 
-HERE = "tests.orchestrator.test_agent_rollouts"
+HERE = "tests.orchestrator.rollouts.agents.test_runner"
 EXAMPLE = Example([{"role": "user", "content": "2*3 and 2+3?"}], "6 and 5", {})
 PARALLEL_CALLS = ('<tool_call>\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
                   '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>')
@@ -101,7 +102,7 @@ def draw_for(on_error: str = "zero", **args) -> Draw:
 def generate(server: ScriptedServer, draw: Draw, n: int = 2, seq_len: int = 4096):
     """One group of `draw` through a GroupGenerator with an AgentRunner (served on loopback), and the runner."""
     runner = AgentRunner(AgentGateway(server, server.chat, seq_len, "policy"))
-    generator = GroupGenerator(server, n, SamplingRule(1.0), RolloutSettings(64), agents=runner)
+    generator = GroupGenerator({"agent": runner}, n, SamplingRule(1.0), RolloutSettings(64))
 
     async def run():
         try:
@@ -124,7 +125,7 @@ def test_the_examples_agents_sdk_agent_with_two_tools_and_a_parallel_call_trains
     group, runner = generate(server, draw_for(function="examples/agent/agents_sdk.py:run"), n=1)
     assert group.errors == [None] and group.rewards == [1.0]  # the task scored the SDK's final answer
     ((prompt_ids, completion, _),) = group.trained(0)  # one segment: the tool results extend it
-    assert sampled_runs(SimpleNamespace(token_ids=completion.token_ids, mask=completion.mask)) == server.sampled
+    assert sampled_runs(completion) == server.sampled
     sampled_logprobs = [lp for lp, keep in zip(completion.logprobs, completion.mask, strict=True) if keep]
     assert sampled_logprobs == [-call / 100 for call, ids in enumerate(server.sampled, 1) for _ in ids]
     assert completion.weight_steps == [call for call, ids in enumerate(server.sampled, 1) for _ in ids]
@@ -139,8 +140,7 @@ def test_a_plain_openai_agent_over_four_turns_is_one_sample_scored_by_the_task()
     server = ScriptedServer(lambda prompt: "6 and 5")
     group, _ = generate(server, draw_for(function=f"{HERE}:four_turn_agent"), n=1)
     ((_, completion, _),) = group.trained(0)
-    assert group.stats[0].turns == 4 and sampled_runs(SimpleNamespace(token_ids=completion.token_ids,
-                                                                      mask=completion.mask)) == server.sampled
+    assert group.stats[0].turns == 4 and sampled_runs(completion) == server.sampled
     assert group.rewards == [1.0] and group.components[0]["exact_match"] == 1.0  # the calculator task scored it
 
 
@@ -148,7 +148,7 @@ def test_every_history_edit_is_a_sample_of_its_own_with_the_rollouts_advantage()
     server = ScriptedServer(lambda prompt: "ok")
     group, _ = generate(server, draw_for(function=f"{HERE}:editing_agent"), n=1)
     pieces = group.trained(0)
-    runs = [sampled_runs(SimpleNamespace(token_ids=c.token_ids, mask=c.mask)) for _, c, _ in pieces]
+    runs = [sampled_runs(c) for _, c, _ in pieces]
     assert [len(r) for r in runs] == [2, 1, 1]
     assert dict(group.stats[0].forks) == {"history_edit": 1, "retry": 1} and group.stats[0].segments == 3
     trained = [t for _, c, _ in pieces for t, keep in zip(c.token_ids, c.mask, strict=True) if keep]
@@ -288,7 +288,7 @@ def test_a_command_past_its_time_limit_is_killed_with_its_whole_process_group(tm
 @pytest.mark.parametrize("args, message", [
     ('function = "no_such_module:run"', "cannot import module 'no_such_module'"),
     ('function = "examples/agent/openai_loop.py:walk"', "has no 'walk'"),
-    ('function = "tests.orchestrator.test_agent_rollouts:EXAMPLE"', "must be an async function"),
+    ('function = "tests.orchestrator.rollouts.agents.test_runner:EXAMPLE"', "must be an async function"),
     ('function = "agents/missing.py:run"', "no such file: agents/missing.py"),
     ('command = ["no-such-agent-binary"]', "command 'no-such-agent-binary' not found"),
     ('command = []', "set exactly one of function"),
@@ -315,7 +315,7 @@ def test_a_bad_agent_config_is_one_line_and_exit_code_2_before_anything_starts(t
 
 ORCHESTRATOR_SCRIPT = """
 import sys
-from tests.orchestrator.test_agent_rollouts import ScriptedServer, draw_for, generate
+from tests.orchestrator.rollouts.agents.test_runner import ScriptedServer, draw_for, generate
 generate(ScriptedServer(lambda prompt: "ok"), draw_for(command=sys.argv[1:], timeout_s=600.0), n=3)
 """
 

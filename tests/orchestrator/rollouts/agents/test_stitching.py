@@ -1,4 +1,4 @@
-"""An agent's calls stitched into segments (`orchestrator/agent_stitching.py`), with the real Qwen3 and Llama 3
+"""An agent's calls stitched into segments (`rollouts/agents/stitching.py`), with the real Qwen3 and Llama 3
 tokenizers and chat templates: calls that extend the conversation stay one segment whose ids are the sampled ones
 plus template tails, and every history edit starts a new segment instead of training on ids that were not sampled
 under their prompt."""
@@ -11,8 +11,8 @@ import json
 import pytest
 
 from prime_rl.chat.template_tokens import ChatTokens
-from prime_rl.orchestrator.agent_stitching import SessionStitcher, canonical
 from prime_rl.orchestrator.client import RolloutCompletion
+from prime_rl.orchestrator.rollouts.agents.stitching import SessionStitcher, canonical
 from tests.support.agent_sessions import sampled_runs
 from tests.support.real_tokenizers import load_tokenizer
 
@@ -69,22 +69,22 @@ def test_calls_that_extend_the_conversation_are_one_segment_of_the_sampled_ids(c
         prompt, sampled = converse(stitcher, policy, messages, reply)
         samples.append(sampled)
         segment = stitcher.segments[-1]
-        assert prompt == segment.prompt_ids + segment.token_ids[:len(prompt) - len(segment.prompt_ids)]
+        assert prompt == segment.prompt_ids + segment.record.token_ids[:len(prompt) - len(segment.prompt_ids)]
         messages = [*messages, reply, {"role": "user", "content": f"Again {i}."}]
     (segment,) = stitcher.segments
     assert not stitcher.forks and segment.calls == 3
-    assert sampled_runs(segment) == [s.token_ids for s in samples]  # exactly what was sampled, in order
-    assert segment.weight_steps == [step for s in samples for step in s.weight_steps]
-    assert [lp for lp, keep in zip(segment.logprobs, segment.mask, strict=True) if keep] == \
+    assert sampled_runs(segment.record) == [s.token_ids for s in samples]  # exactly what was sampled, in order
+    assert segment.record.weight_steps == [step for s in samples for step in s.weight_steps]
+    assert [lp for lp, keep in zip(segment.record.logprobs, segment.record.mask, strict=True) if keep] == \
         [lp for s in samples for lp in s.logprobs]
-    assert all(lp == 0.0 for lp, keep in zip(segment.logprobs, segment.mask, strict=True) if not keep)
+    assert all(lp == 0.0 for lp, keep in zip(segment.record.logprobs, segment.record.mask, strict=True) if not keep)
     # Plain text turns: the stitched ids read as the template renders the whole conversation, but for the empty
     # reasoning block Qwen3 writes into each sampled turn and drops from earlier turns when it re-renders them.
     def unthought(text: str) -> str:
         return text.replace("<think>\n\n</think>\n\n", "")
 
     whole = chat.render(messages[:-1], [], generation_prompt=False)
-    stitched = chat.tokenizer.decode(segment.prompt_ids + segment.token_ids)
+    stitched = chat.tokenizer.decode(segment.prompt_ids + segment.record.token_ids)
     assert unthought(stitched) == unthought(whole).removesuffix("\n")
 
 
@@ -143,7 +143,7 @@ def test_every_history_edit_starts_a_new_segment_and_keeps_the_sampled_ids(edit,
     assert dict(stitcher.forks) == {reason: 1}
     old, new = stitcher.segments
     assert old.calls == 2 and new.calls == 1
-    assert sampled_runs(old)[-1] == before.token_ids  # the earlier segment trains on what it sampled
+    assert sampled_runs(old.record)[-1] == before.token_ids  # the earlier segment trains on what it sampled
     assert new.prompt_ids == prompt == chat.prompt_ids(follow, tools)  # a fresh rendering, nothing stitched
 
 

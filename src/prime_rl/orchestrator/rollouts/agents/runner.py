@@ -1,6 +1,6 @@
 """Agent rollouts: the gateway served on loopback, one session per rollout, the agent run under its limits.
 
-`AgentRunner` serves the run's `AgentGateway` (`agent_gateway.py`) on 127.0.0.1 (a free port, in the
+`AgentRunner` serves the run's `AgentGateway` (`agents/gateway.py`) on 127.0.0.1 (a free port, in the
 orchestrator's own event loop, from the first agent rollout until the orchestrator stops). An agent function's
 `openai` client runs in this process too: its HTTP client hands requests to the gateway's app directly (the same
 app, the same answers, no socket), which roughly halves the orchestrator's CPU on a 256-session step against
@@ -11,7 +11,7 @@ the run's rule with the rollout's seed, runs the environment's agent program onc
 `max_concurrency` at once, each within its `timeout_s`), and closes the session when the agent returns, fails or
 times out: a call still generating then is dropped, and the session's key is refused from then on.
 
-What a rollout trains is its session's segments (`agent_stitching.py`): each one a sample with its own prompt, every
+What a rollout trains is its session's segments (`agents/stitching.py`): each one a sample with its own prompt, every
 one with the rollout's reward and advantage; with the environment's `turn_discount` gamma < 1, the tokens of call j
 of the rollout's J calls get gamma^(J - 1 - j) of the advantage (the last call all of it; `discounted`). What the
 environment scores (when the agent returned no reward) is the recorded conversation: the messages of the session's
@@ -28,8 +28,7 @@ import collections
 import contextlib
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, replace
 
 import httpx
 import uvicorn
@@ -37,20 +36,13 @@ import uvicorn
 from prime_rl.envs.agent import AGENT_REWARD, AgentEnvironment
 from prime_rl.envs.environment import Example, Reward, Rollout
 from prime_rl.models.sampling_rule import SamplingRule
-from prime_rl.orchestrator.agent_gateway import AgentGateway, Session
 from prime_rl.orchestrator.client import ChatResult, RolloutCompletion
-from prime_rl.orchestrator.conversation import TurnStats
-from prime_rl.orchestrator.draws import Draw
-from prime_rl.orchestrator.env_calls import EnvironmentFailed, report_failure
-
-
-class TrainedPiece(NamedTuple):
-    """One sample of a rollout: its prompt ids, what follows them, and (with a turn discount) each token's share
-    of the rollout's advantage (None: all of it)."""
-
-    prompt_ids: list[int]
-    completion: RolloutCompletion
-    scales: list[float] | None = None
+from prime_rl.orchestrator.examples.draws import Draw
+from prime_rl.orchestrator.rollouts.agents.gateway import AgentGateway, Session
+from prime_rl.orchestrator.rollouts.env_calls import EnvironmentFailed, report_failure
+from prime_rl.orchestrator.rollouts.scored_group import Group, TrainedPiece, TurnStats
+from prime_rl.orchestrator.rollouts.scoring import cut_unsampleable, score_group
+from prime_rl.orchestrator.rollouts.seam import RolloutSettings, RunnerContext
 
 
 def discounted(segments: list[RolloutCompletion], discount: float) -> list[list[float] | None]:
@@ -104,16 +96,16 @@ def session_stats(session: Session) -> TurnStats:
     """How a session went: calls as turns, sampled and template tokens, the tool calls the policy made, the
     reasoning it wrote, its segments and forks by reason."""
     segments = session.stitcher.segments
-    sampled = sum(sum(s.mask) for s in segments)
+    sampled = sum(sum(s.record.mask) for s in segments)
     return TurnStats(turns=session.calls, sampled_tokens=sampled,
-                     env_tokens=sum(len(s.mask) for s in segments) - sampled,
+                     env_tokens=sum(len(s.record.mask) for s in segments) - sampled,
                      tool_calls=sum(len(m.get("tool_calls") or ()) for m in session.replies),
                      reasoning_chars=sum(len(m.get("reasoning_content") or "") for m in session.replies),
                      segments=len(segments), forks=collections.Counter(session.stitcher.forks))
 
 
 class AgentRunner:
-    """Serves the gateway and runs agent rollouts (module docstring)."""
+    """The runner of kind "agent": serves the gateway and runs agent rollouts (module docstring)."""
 
     def __init__(self, gateway: AgentGateway):
         self.gateway = gateway
@@ -122,6 +114,12 @@ class AgentRunner:
         self._http: httpx.AsyncClient | None = None  # the agent functions' connections to the gateway
         self._starting = asyncio.Lock()
         self._limits: dict[str, asyncio.Semaphore] = {}
+
+    @classmethod
+    def build(cls, context: RunnerContext) -> AgentRunner:
+        config = context.config
+        return cls(AgentGateway(context.client, context.chat_tokens, config.seq_len, config.model.name,
+                                config.reasoning))
 
     async def start(self) -> None:
         """Serve the gateway on a free loopback port (once; later calls return at once)."""
@@ -156,7 +154,17 @@ class AgentRunner:
             await self._serving
         self._serving = self._server = self._http = None
 
-    async def run_group(self, draw: Draw, n: int, rule: SamplingRule, max_tokens: int, seed: int | None
+    async def run_group(self, draw: Draw, n: int, rule: SamplingRule, settings: RolloutSettings,
+                        seed: int | None) -> Group:
+        """`n` agent rollouts of `draw`, scored, each training its segments (an id past the tokenizer's cuts its
+        rollout: `cut_unsampleable`)."""
+        out = await self._sessions(draw, n, rule, settings.max_tokens, seed)
+        failed = cut_unsampleable(draw, [[p.completion for p in rollout] for rollout in out.pieces],
+                                  settings.vocab, out.failed)
+        group = await score_group(draw, out.result, settings.truncated_reward, out.rollouts, out.stats, failed)
+        return replace(group, pieces=out.pieces)
+
+    async def _sessions(self, draw: Draw, n: int, rule: SamplingRule, max_tokens: int, seed: int | None
                         ) -> AgentGroup:
         """`n` agent rollouts of `draw` (module docstring)."""
         await self.start()
@@ -192,7 +200,7 @@ class AgentRunner:
         pieces = []
         for session, _, why in done:
             segments = session.stitcher.segments if why is None else []  # a failed rollout trains nothing
-            completions = [s.completion() for s in segments]
+            completions = [s.record for s in segments]
             pieces.append([TrainedPiece(s.prompt_ids, c, scales) for s, c, scales
                            in zip(segments, completions, discounted(completions, discount), strict=True)])
         steps = [step for rollout in pieces for piece in rollout for step in piece.completion.weight_steps]

@@ -5,7 +5,7 @@ fails the rollout: it scores 0 (and with `on_error = "exclude"`, the default, tr
 a warning line naming the example (the first WARN_FIRST per environment, then
 the 10th, 100th, ...: `worth_logging`), or, with `on_error = "fail"`, ends the run with that line
 (`EnvironmentFailed`, exit code 2): an environment's bug never crashes the orchestrator with a traceback. Used by
-the single-turn scoring (`rollouts.py`) and the multi-turn conversations (`conversation.py`) alike.
+scoring (`scoring.py`) and the multi-turn conversations (`multi_turn.py`) alike.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from prime_rl.orchestrator.draws import Draw
+from prime_rl.orchestrator.examples.draws import Draw
 from prime_rl.utils.errors import UserError
 from prime_rl.utils.logging import get_logger
 
