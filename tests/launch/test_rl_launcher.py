@@ -69,14 +69,15 @@ KILL_CASES = [
 @pytest.mark.parametrize(("component", "async_level", "keep", "interval", "max_steps", "kill_after"), KILL_CASES)
 def test_a_killed_component_stops_the_run_and_resume_completes_every_step_once(
         component, async_level, keep, interval, max_steps, kill_after, tmp_path, tiny_model_dir):
-    """kill -9 one process mid-run: rl stops within 15 s, names it, exits non-zero and leaves no process behind;
-    retention kept a complete checkpoint, and resuming 'latest' (in-process: the plan `rl` makes) neither waits
-    for pruned weights nor logs a step twice."""
+    """kill -9 one process mid-run (no restarts): rl stops within 15 s, names it, exits non-zero and leaves no
+    process behind; retention kept a complete checkpoint, and resuming 'latest' (in-process: the plan `rl` makes)
+    neither waits for pruned weights nor logs a step twice."""
     run_dir = tmp_path / "run"
     log = tmp_path / "rl.log"
     args = small_run_config(tmp_path, tiny_model_dir, max_steps, "--max-async-level", str(async_level),
                             "--ckpt.keep", str(keep), "--ckpt.interval", str(interval),
-                            "--trainer.keep-weights", "3")
+                            "--trainer.keep-weights", "3", "--deployment.max-restarts", "0")  # a server that dies
+    # is restarted by default (tests/launch/test_server_restarts_rl.py): here it stops the run as the others do
     proc = start_rl(args, log)
     wait_for_trained_step(proc, run_dir, kill_after, log)
     tree = descendants(proc.pid)

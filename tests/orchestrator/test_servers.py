@@ -1,6 +1,7 @@
 """`ServerPool` (orchestrator/servers.py) over stand-in servers: requests spread by outstanding count, an
 unreachable server is dropped with a warning and its request retried elsewhere, an answered error is not,
-weight updates go to every server, and no server left is one error."""
+weight updates go to every server, no server left is one error, a dropped server that answers again is taken
+back with the newest weights, and a restarted one is found by its answers' weight step and reloaded."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 
 import pytest
 
+from prime_rl.orchestrator import servers as servers_module
 from prime_rl.orchestrator.client import ChatResult, InferenceError
 from prime_rl.orchestrator.config import ClientConfig
 from prime_rl.orchestrator.servers import ServerPool
@@ -49,8 +51,9 @@ class FakeServer:
         return "tiny"
 
 
-def pool_of(*servers: FakeServer) -> ServerPool:
-    pool = ServerPool(ClientConfig(base_url=[f"http://127.0.0.1:{9000 + i}/v1" for i in range(len(servers))]))
+def pool_of(*servers: FakeServer, connect_timeout_s: float = 60.0) -> ServerPool:
+    pool = ServerPool(ClientConfig(base_url=[f"http://127.0.0.1:{9000 + i}/v1" for i in range(len(servers))],
+                                   connect_timeout_s=connect_timeout_s))
     pool.clients, pool.live = list(servers), list(servers)
     pool.outstanding = {id(s): 0 for s in servers}
     pool.answered = {id(s): 0 for s in servers}
@@ -101,11 +104,12 @@ def test_an_answered_error_is_the_requests_not_the_servers():
     assert pool.live == [bad, good]
 
 
-def test_no_server_left_is_one_error():
-    pool = pool_of(FakeServer("a", fail="unreachable"), FakeServer("b", fail="unreachable"))
+def test_no_server_left_is_one_error_once_none_came_back_within_connect_timeout_s(monkeypatch):
+    monkeypatch.setattr(servers_module, "REVIVE_PROBE_S", 0.01)
+    pool = pool_of(FakeServer("a", fail="unreachable"), FakeServer("b", fail="unreachable"), connect_timeout_s=0.3)
     with pytest.raises(InferenceError, match="no inference server left") as caught:
         chats(pool, 1)
-    assert "\n" not in str(caught.value)
+    assert "\n" not in str(caught.value) and "none came back within 0.3s" in str(caught.value)
 
 
 def test_weight_updates_go_to_every_live_server_and_report_the_lowest_step():
@@ -141,9 +145,62 @@ def test_servers_at_different_steps_at_start_are_all_reloaded(tmp_path):
     assert [s.updates for s in agreeing.clients] == [[], []]  # nothing to reload
 
 
-def test_every_server_dropped_is_one_error_for_updates_too():
-    pool = pool_of(FakeServer("a", fail="unreachable"), FakeServer("b", fail="unreachable"))
+def test_every_server_dropped_is_one_error_for_updates_too(monkeypatch):
+    monkeypatch.setattr(servers_module, "REVIVE_PROBE_S", 0.01)
+    pool = pool_of(FakeServer("a", fail="unreachable"), FakeServer("b", fail="unreachable"), connect_timeout_s=0.3)
     with pytest.raises(InferenceError, match="no inference server left"):
         asyncio.run(pool.update_weights("/w/step_1", 1))
-    with pytest.raises(InferenceError, match="no inference server left \\(all 2 were dropped\\)"):
+    with pytest.raises(InferenceError, match=r"no inference server left \(all 2 were dropped; none came back within"):
         asyncio.run(pool.served_steps())
+
+
+def test_a_dropped_server_that_answers_again_is_taken_back_with_the_newest_weights(monkeypatch, caplog):
+    """Both servers die (rl restarts them): requests wait for one to come back, which first gets the weights the
+    pool loaded; then the other."""
+    monkeypatch.setattr(servers_module, "REVIVE_PROBE_S", 0.01)
+    a, b = FakeServer("a"), FakeServer("b")
+    pool = pool_of(a, b)
+
+    async def scenario():
+        await pool.update_weights("/w/step_2", 2)
+        a.fail = b.fail = "unreachable"
+        waiting = asyncio.ensure_future(pool.chat([], 1, None, 1))
+        while pool.live:
+            await asyncio.sleep(0.01)
+        a.fail, a.step = None, 0  # restarted: its initial weights
+        result = await waiting
+        b.fail, b.step = None, 0
+        while len(pool.live) < 2:
+            await asyncio.sleep(0.01)
+        return result
+
+    with caplog.at_level(logging.WARNING):
+        result = asyncio.run(scenario())
+    assert result.weight_step == 2 and a.updates[-1] == b.updates[-1] == 2 and pool.live == [a, b]
+    assert "inference server a is back, serving weight step 2; 1 of 2 live" in caplog.text
+
+
+def test_a_restarted_server_is_found_by_its_answers_and_reloaded_once(caplog):
+    """The only server restarted between requests (the client's retries hid it): its answers come back under
+    step 0; the pool loads step 3 on it once for all five requests and sends them again."""
+    server = FakeServer("only")
+    pool = pool_of(server)
+    asyncio.run(pool.update_weights("/w/step_3", 3))
+    server.step = 0
+    with caplog.at_level(logging.WARNING):
+        results = chats(pool, 5)
+    assert [r.weight_step for r in results] == [3] * 5 and server.updates == [3, 3]
+    assert caplog.text.count("it restarted; loading /w/step_3 again") == 1
+
+
+def test_a_server_that_never_keeps_its_weights_is_one_error():
+    class Forgetful(FakeServer):
+        async def update_weights(self, path, step, in_flight=False):
+            self.updates.append(step)
+            return step  # and keeps serving step 0
+
+    server = Forgetful("forgetful")
+    pool = pool_of(server)
+    asyncio.run(pool.update_weights("/w/step_1", 1))
+    with pytest.raises(InferenceError, match="kept answering under weight step 0 after 3 loads of step 1"):
+        chats(pool, 1)

@@ -25,11 +25,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from pathlib import Path
 
 from rich.console import Console
 
 from prime_rl import run_lock
+from prime_rl.configs.base import with_values
 from prime_rl.configs.cli import run_main
 from prime_rl.launch import slurm
 from prime_rl.launch.plan import (
@@ -45,6 +47,7 @@ from prime_rl.launch.plan import (
 )
 from prime_rl.launch.processes import Child, stop_all
 from prime_rl.launch.rl_config import RLConfig
+from prime_rl.launch.server_restarts import BACKOFF_S, ServerRestarts
 from prime_rl.run_dir import complete_steps, config_file, log_file, metrics_file, metrics_plot
 from prime_rl.run_report import MetricsTail, ProgressView, summary_lines, write_plot
 from prime_rl.utils.disk import describe, disk_state
@@ -57,7 +60,12 @@ HEALTH_POLL_S = 0.1  # the orchestrator starts once the server answers: every 0.
 
 
 class ComponentFailed(PrimeError):
-    """A child process died; the message names it and shows its last log lines."""
+    """A child process died; the message names it and shows its last log lines. `component`: which, `how`: how it
+    stopped; `retryable`: whether running it again may help (not for a full disk or a user error, exit code 2)."""
+
+    def __init__(self, message: str, component: str = "", how: str = "", retryable: bool = False):
+        super().__init__(message)
+        self.component, self.how, self.retryable = component, how, retryable
 
 
 def wait_for_health(url: str, child: Child | None, timeout_s: float, run_dir: Path) -> None:
@@ -77,15 +85,17 @@ def wait_for_health(url: str, child: Child | None, timeout_s: float, run_dir: Pa
     raise ComponentFailed(f"inference server did not answer {url} within {timeout_s:.0f}s{where}")
 
 
-def failure(child: Child, run_dir: Path) -> ComponentFailed:
-    """Why `child` stopped: a full or read-only run directory in one line, else the end of its log."""
+def failure(child: Child, run_dir: Path, how: str | None = None) -> ComponentFailed:
+    """Why `child` stopped (`how`, else its exit code): a full or read-only run directory in one line, else the end of
+    its log."""
     code = child.poll()
-    how = f"exited with code {code}" if code is not None else "stopped"
+    how = how or (f"exited with code {code}" if code is not None else "stopped")
     disk = disk_state(run_dir)
     if disk is not None:  # its own one-line error may not have reached the log on that disk
-        return ComponentFailed(f"{child.name} {how}: {describe(disk, run_dir)}")
+        return ComponentFailed(f"{child.name} {how}: {describe(disk, run_dir)}", child.name, how)
     lines = "\n".join(f"  {line}" for line in child.last_lines())
-    return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}")
+    return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}", child.name, how,
+                           retryable=code != 2)
 
 
 def trainer_rendezvous(config: RLConfig) -> list[str]:
@@ -164,19 +174,22 @@ def spare_server(children: dict[str, Child], dead: Child, reported: set[str]) ->
 
 
 def supervise(children: dict[str, Child], view: ProgressView, tail: MetricsTail, run_dir: Path,
-              max_steps: int) -> None:
+              max_steps: int, restarts: ServerRestarts) -> None:
     """Poll until the trainer and orchestrator here finish (a server-only rl of a split run: until the trainer
-    elsewhere has logged step max_steps - 1); raise on the first failure."""
+    elsewhere has logged step max_steps - 1), restarting the servers that die or hang (`restarts`); raise on the
+    first failure."""
     workers = [children[name] for name in ("trainer", "orchestrator") if name in children]
     reported: set[str] = set()
     while True:
         tail.poll()
         view.update(tail)
         for child in children.values():
-            code = child.poll()
-            if code not in (None, 0) or (is_server(child.name) and code is not None):
-                if child.name.startswith("inference") and spare_server(children, child, reported):
+            if is_server(child.name):
+                why = restarts.check(child.name)
+                if why is None or child.name.startswith("inference") and spare_server(children, child, reported):
                     continue
+                raise failure(child, run_dir, why)
+            if child.poll() not in (None, 0):
                 raise failure(child, run_dir)
         if workers and all(child.poll() == 0 for child in workers):
             return
@@ -193,6 +206,55 @@ def launch(config: RLConfig) -> None:
         console.print(f"wrote {script} ({config.slurm.nodes} node(s)); submit it with: sbatch {script}")
         return
     start = time.monotonic()
+    deaths: dict[str, deque[float]] = {}
+    while True:
+        try:
+            config, tail, owner = run_once(config, console)
+            break
+        except ComponentFailed as failed:
+            config = run_again(config, failed, deaths)
+
+    if not owner:  # the trainer node's rl writes the plot and the summary
+        console.print("the trainer logged its last step: the server node is done")
+        return
+    tail.poll()
+    plot = write_plot(tail, metrics_plot(config.output_dir))
+    for line in summary_lines(tail, time.monotonic() - start, config.output_dir):
+        console.print(line)
+    if plot is not None:
+        console.print(f"plot: {plot}")
+
+
+def run_again(config: RLConfig, failed: ComponentFailed, deaths: dict[str, deque[float]]) -> RLConfig:
+    """After the trainer or the orchestrator died: the config that runs the whole run again from its newest complete
+    checkpoint (`ckpt.resume_step` latest), returned after a back-off of 2^(k-1) s for the k-th time within
+    `deployment.restart_window_s` (`deaths`: when each component died before). `failed` is raised instead when that
+    cannot help: another component, no restarts left (`deployment.max_restarts`), nothing to resume from, a full
+    disk or a user error."""
+    rule, name = config.deployment, failed.component
+    if name not in ("trainer", "orchestrator") or not failed.retryable or rule.max_restarts == 0:
+        raise failed
+    now = time.monotonic()
+    times = deaths.setdefault(name, deque())
+    while times and times[0] < now - rule.restart_window_s:
+        times.popleft()
+    saved = complete_steps(config.output_dir, RUN_PARTS)
+    if len(times) >= rule.max_restarts or not saved:
+        why = "no complete checkpoint to run again from" if not saved else \
+            f"{len(times)} restart(s) within {rule.restart_window_s:g}s (deployment.max_restarts = {rule.max_restarts})"
+        raise ComponentFailed(f"{name} {failed.how} and the run is not run again ({why}): {failed}", name)
+    delay = BACKOFF_S * 2 ** len(times)
+    times.append(now)
+    print(f"rl: warning: {name} {failed.how}; running the run again from checkpoint step {saved[-1]} in {delay:g}s "
+          f"(restart {len(times)} of {rule.max_restarts} within {rule.restart_window_s:g}s; see "
+          f"{log_file(config.output_dir, name)})", file=sys.stderr, flush=True)
+    time.sleep(delay)
+    return with_values(config, {"ckpt.resume_step": "latest", "overwrite": False})
+
+
+def run_once(config: RLConfig, console: Console) -> tuple[RLConfig, MetricsTail, bool]:
+    """One start of the run's processes until they finish (the planned config, the metrics read, whether this rl
+    owns the run); raises ComponentFailed when one fails, SystemExit(130) when interrupted."""
     plan = plan_run(config)  # every check first (the config's own ran at load time)
     run_lock = prepare_run_dir(plan)  # only then change the run directory (locked while this rl runs)
     config, base, owner, resumed = plan.config, plan.base, plan.owner, plan.resumed
@@ -208,7 +270,7 @@ def launch(config: RLConfig) -> None:
 
     # A server node reads the trainer's progress from the shared file: only what this run writes from now on.
     tail = MetricsTail(metrics_file(config.output_dir), since=0.0 if owner else time.time())
-    view = None
+    view = restarts = None
     interrupted = False
     try:
         console.print(f"[bold]rl[/]: outputs in {config.output_dir}, logs in {log_file(base, 'rl').parent}")
@@ -233,10 +295,14 @@ def launch(config: RLConfig) -> None:
                           "elsewhere logs its last step (Ctrl-C stops it sooner)")
         view = ProgressView(console, config.max_steps, resumed or 0, config.output_dir,
                             config.orchestrator.samples.console_rows)
-        supervise(children, view, tail, config.output_dir, config.max_steps)
+        restarts = ServerRestarts({name: (child, health) for name, health, child in waits if child is not None},
+                                  config.deployment)
+        supervise(children, view, tail, config.output_dir, config.max_steps, restarts)
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if restarts is not None:
+            restarts.close()
         if view is not None:
             view.close()
         stop_all(list(children.values()))
@@ -248,16 +314,7 @@ def launch(config: RLConfig) -> None:
         Console(stderr=False, soft_wrap=True).print(f"interrupted; all components stopped. {resume_hint(config)}")
         sys.stdout.flush()
         raise SystemExit(130)
-
-    if not owner:  # the trainer node's rl writes the plot and the summary
-        console.print("the trainer logged its last step: the server node is done")
-        return
-    tail.poll()
-    plot = write_plot(tail, metrics_plot(config.output_dir))
-    for line in summary_lines(tail, time.monotonic() - start, config.output_dir):
-        console.print(line)
-    if plot is not None:
-        console.print(f"plot: {plot}")
+    return config, tail, owner
 
 
 def main(argv: list[str] | None = None) -> None:
