@@ -98,18 +98,23 @@ def _no_prime_env(monkeypatch):
             monkeypatch.delenv(key)
 
 
-LEARNING_TIER = ("the learning tier (an example's learning run, minutes): `uv run pytest -m learning` runs it; "
-                 "CI runs it after this suite")
+TIERS = {  # marker: why the README's suite skips it (a tier runs when `-m` names it)
+    "learning": "the learning tier (an example's learning run, minutes): `uv run pytest -m learning` runs it; CI runs "
+                "it after this suite",
+    "faults": "the faults tier (rl's processes killed and stopped, restarted end to end, a minute each): `uv run "
+              "pytest -m faults` runs it; CI runs it beside the learning tier",
+}
 
 
 def pytest_collection_modifyitems(config, items):
-    """`learning` tests run only when `-m` names the tier (`uv run pytest -m learning`): the README's `uv run pytest`
-    skips them, saying how to run them. `gpu` tests run where CUDA is available and are skipped (with the reason)
-    elsewhere."""
-    if "learning" not in (config.getoption("markexpr") or ""):
-        for item in items:
-            if "learning" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason=LEARNING_TIER))
+    """`learning` and `faults` tests run only when `-m` names their tier (`uv run pytest -m learning`): the README's
+    `uv run pytest` skips them, saying how to run them. `gpu` tests run where CUDA is available and are skipped (with
+    the reason) elsewhere."""
+    wanted = config.getoption("markexpr") or ""
+    for item in items:
+        for tier, reason in TIERS.items():
+            if tier in item.keywords and tier not in wanted:
+                item.add_marker(pytest.mark.skip(reason=reason))
     import torch
 
     if torch.cuda.is_available():

@@ -21,10 +21,11 @@ from tests.support.rl_runs import (
     rows_by_source,
     small_run_config,
     start_rl,
+    trained_steps,
     wait_for_trained_step,
 )
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.faults]  # the faults tier: CI runs it beside the learning tier
 
 
 def wait_for(condition, proc, log, timeout_s: float = 120) -> None:
@@ -34,14 +35,21 @@ def wait_for(condition, proc, log, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
-def pid_of(proc, component: str) -> int:
-    (pid,) = [pid for pid in descendants(proc.pid) if MODULES[component] in cmdline(pid)]
-    return pid
+def pid_of(proc, component: str, timeout_s: float = 120) -> int:
+    """The one process of `component` under rl, once there is one (none while rl runs the run again)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [pid for pid in descendants(proc.pid) if MODULES[component] in cmdline(pid)]
+        if len(found) == 1:
+            return found[0]
+        assert proc.poll() is None and time.monotonic() < deadline, (component, found)
+        time.sleep(0.1)
 
 
 def test_the_only_server_killed_then_hung_is_restarted_and_the_run_finishes(tmp_path, tiny_model_dir):
-    run_dir, log, steps = tmp_path / "run", tmp_path / "rl.log", 10
-    proc = start_rl(small_run_config(tmp_path, tiny_model_dir, steps, "--deployment.hang-timeout-s", "3",
+    # 60 steps of ~0.1 s: rl's probe (every 2 s) sees the restarted server answer while steps remain to stall.
+    run_dir, log, steps = tmp_path / "run", tmp_path / "rl.log", 60
+    proc = start_rl(small_run_config(tmp_path, tiny_model_dir, steps, "--deployment.hang-timeout-s", "10",
                                      "--max-async-level", "1"), log)
     try:
         wait_for_trained_step(proc, run_dir, 2, log)
@@ -50,7 +58,7 @@ def test_the_only_server_killed_then_hung_is_restarted_and_the_run_finishes(tmp_
         wait_for_trained_step(proc, run_dir, 5, log)
         wait_for(lambda: "rl: inference answers again" in log.read_text(), proc, log)  # rl saw it up again: a
         second = pid_of(proc, "inference")  # hang from now on is one (before, it would still be starting)
-        assert second != first
+        assert second != first and max(trained_steps(run_dir)) < steps - 1, "the run outran the restart"
         tree = descendants(proc.pid)
         os.kill(second, signal.SIGSTOP)
         proc.wait(timeout=300)

@@ -314,3 +314,40 @@ def test_the_plot_has_a_panel_per_metric_with_n_a_for_absent_ones_and_turn_panel
     assert report.write_plot(tail, tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     assert panels == [title for _, _, title in report.PLOTTED + report.MULTI_TURN_PLOTTED]
     assert texts.count("n/a") == 6  # entropy, grad norm, importance ratio, soft gate, completion tokens, lag
+
+
+def test_run_again_resumes_latest_after_a_back_off_and_refuses_what_a_restart_cannot_mend(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """A trainer or orchestrator that died runs the whole run again from the newest complete checkpoint (resume
+    'latest', never --overwrite), up to max_restarts within the window; a server (restarted alone), a user error
+    (exit 2), a full disk (not retryable) or a run with no complete checkpoint stop it, the last in one first line."""
+    from prime_rl.configs.base import with_values
+    from prime_rl.launch import rl as rl_module
+    from prime_rl.launch.rl import ComponentFailed, run_again
+
+    monkeypatch.setattr(rl_module, "BACKOFF_S", 0.001)
+    config = rl_config(tmp_path, "--overwrite", "--deployment.max-restarts", "2")
+    died = ComponentFailed("trainer exited with code -9; last lines of x:\n  boom", "trainer", "exited with code -9",
+                           retryable=True)
+    with pytest.raises(ComponentFailed) as refused:  # nothing to resume from yet
+        run_again(config, died, {})
+    assert str(refused.value) == ("trainer exited with code -9, not run again (no complete checkpoint to run again "
+                                  "from); last lines of x:\n  boom")
+    for part in ("trainer", "orchestrator"):
+        (tmp_path / "run" / "checkpoints" / "step_4" / part).mkdir(parents=True)
+    deaths: dict = {}
+    again = run_again(config, died, deaths)
+    assert again.ckpt.resume_step == "latest" and not again.overwrite and config.overwrite  # the original untouched
+    assert "trainer exited with code -9; running the run again from checkpoint step 4" in capsys.readouterr().err
+    run_again(again, died, deaths)
+    with pytest.raises(ComponentFailed, match=r"not run again \(2 restart\(s\) within 3600s \(deployment.max_restarts"):
+        run_again(again, died, deaths)
+    split = with_values(config, {"deployment.components": ["orchestrator", "inference"]})  # the trainer elsewhere
+    for refused, where in ((ComponentFailed("inference exited", "inference", "exited", retryable=True), config),
+                           (ComponentFailed("trainer exited with code 2", "trainer", "exited with code 2"), config),
+                           (died, split)):
+        with pytest.raises(ComponentFailed) as raised:
+            run_again(where, refused, {})
+        assert raised.value is refused
+    monkeypatch.setattr(rl_module.time, "monotonic", lambda: 1e9)  # the window has passed: counted afresh
+    assert run_again(again, died, deaths).ckpt.resume_step == "latest"

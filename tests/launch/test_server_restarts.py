@@ -94,7 +94,8 @@ def test_a_server_that_dies_is_restarted_after_its_back_off_and_answers_again(se
 
 def test_a_hung_server_is_killed_and_restarted(server):
     child, url = server
-    restarts = ServerRestarts({"inference": (child, url)}, DeploymentConfig(max_restarts=1, hang_timeout_s=0.5))
+    rule = DeploymentConfig(max_restarts=1).model_copy(update={"hang_timeout_s": 0.5})  # below the config's floor
+    restarts = ServerRestarts({"inference": (child, url)}, rule)
     try:
         hung = child.process
         os.kill(hung.pid, signal.SIGSTOP)
@@ -127,3 +128,42 @@ def test_without_restarts_the_first_death_stops_the_run(server):
     finally:
         restarts.close()
     assert stops == ["exited with code -9 (deployment.max_restarts = 0)"]
+
+
+def test_a_hung_server_delays_no_other_servers_health(server, tmp_path):
+    """Each server is asked by its own thread: while one is stopped (its /health never answers), the other still
+    answers every probe and is never taken for hung."""
+    child, url = server
+    port = free_port()
+    other = Child("inference_1", [sys.executable, "-c", SERVER, str(port)], tmp_path / "other.log", dict(os.environ))
+    other.start()
+    other_url = f"http://127.0.0.1:{port}/health"
+    wait_for(lambda: answers(other_url), 30)
+    rule = DeploymentConfig(max_restarts=0).model_copy(update={"hang_timeout_s": 1.0})
+    restarts = ServerRestarts({"inference": (child, url), "inference_1": (other, other_url)}, rule)
+    try:
+        os.kill(child.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert restarts.check("inference_1") is None
+            time.sleep(0.05)
+        assert restarts.check("inference").startswith(f"did not answer {url} for 1s (deployment.hang_timeout_s)")
+    finally:
+        restarts.close()
+        stop_all([other], grace_s=1)
+
+
+def test_without_a_hang_limit_a_restart_that_never_answers_is_still_found(server):
+    """hang_timeout_s = none: a running server is never judged by its /health, but a restarted one that does not
+    answer within startup_timeout_s is (as the first start is by rl's wait for /health)."""
+    child, url = server
+    rule = DeploymentConfig(max_restarts=1, hang_timeout_s=None).model_copy(update={"startup_timeout_s": 0.5})
+    restarts = ServerRestarts({"inference": (child, url)}, rule)
+    try:
+        child.command = [sys.executable, "-c", "import time; time.sleep(60)"]  # starts, never serves
+        os.kill(child.process.pid, signal.SIGKILL)
+        stops = supervise_until(restarts, lambda: False)
+    finally:
+        restarts.close()
+    assert stops == [f"did not answer {url} for 0.5s (deployment.startup_timeout_s) after 1 restart(s) within 3600s "
+                     "(deployment.max_restarts = 1)"]

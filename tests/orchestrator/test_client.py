@@ -249,3 +249,17 @@ def test_a_rollout_record_grows_by_sampled_turns_and_context_ids():
     empty = RolloutCompletion.empty()
     empty.add_context([])
     assert (empty.token_ids, empty.mask, empty.text, empty.finish_reason) == ([], [], "", "stop")
+    empty.add_sampled(record)  # a record with context ids inside keeps them untrained
+    assert empty.mask == [True, True, False, True] and empty.weight_steps == [3, 3, 4]
+
+
+def test_a_cut_keeps_the_weight_steps_of_the_sampled_tokens_before_it():
+    """Weight steps are one per sampled token: a cut after context ids keeps as many as were sampled before it."""
+    record = RolloutCompletion([5, 6], [-0.5, -0.5], "a", "stop", [1, 1])
+    record.add_context([9, 9])
+    record.add_sampled(RolloutCompletion([150, 7], [-0.1, -0.1], "b", "stop", [2, 2]))
+    record.cut(4)
+    assert (record.token_ids, record.mask, record.weight_steps) == ([5, 6, 9, 9], [True, True, False, False], [1, 1])
+    plain = RolloutCompletion([5, 150, 7], [-0.1] * 3, "c", "stop", [0, 0, 0])
+    plain.cut(1)
+    assert (plain.token_ids, plain.logprobs, plain.weight_steps, plain.mask) == ([5], [-0.1], [0], None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import pickle
 
 import pytest
 
@@ -160,3 +161,9 @@ def test_an_environment_is_built_once_for_the_checks_the_draws_and_the_evaluatio
     copy = config.model_copy(deep=True)
     assert copy == config and copy.env[0].build() is not source.envs["counted"]  # a deep copy builds its own
     assert CountedEnv.built == 2
+    other = config.env[0].model_copy(update={"args": {"max_len": 9}})  # a shallow copy with other args
+    assert other.build().max_len == 9 and pickle.loads(pickle.dumps(config.env[0])).build().max_len == 6
+    config.env[0].args = {"max_len": 7}  # assigned (validated again): built again from what it now says
+    assert config.env[0].build().max_len == 7
+    with pytest.raises(ValueError, match="need 1 <= min_len <= max_len"):  # checked again, not the kept one's
+        config.env[0].args = {"min_len": 5, "max_len": 2}

@@ -204,3 +204,19 @@ def test_a_server_that_never_keeps_its_weights_is_one_error():
     asyncio.run(pool.update_weights("/w/step_1", 1))
     with pytest.raises(InferenceError, match="kept answering under weight step 0 after 3 loads of step 1"):
         chats(pool, 1)
+
+
+def test_a_request_every_server_times_out_on_is_one_error_after_one_more_try(monkeypatch):
+    """Servers that answer their health checks but never a generation in time (a timeout is unreachable): each is
+    dropped, comes back, and the request tries them once more, then fails, instead of going round forever."""
+    monkeypatch.setattr(servers_module, "REVIVE_PROBE_S", 0.01)
+
+    class SlowToAnswer(FakeServer):
+        async def chat(self, *args, **kwargs):
+            self.chats += 1
+            raise InferenceError(f"inference server at {self.root} did not answer within 1s", unreachable=True)
+
+    a, b = SlowToAnswer("a"), SlowToAnswer("b")
+    with pytest.raises(InferenceError, match="again after one came back"):
+        chats(pool_of(a, b), 1)
+    assert 2 <= a.chats + b.chats <= 4

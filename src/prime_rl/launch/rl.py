@@ -61,7 +61,8 @@ HEALTH_POLL_S = 0.1  # the orchestrator starts once the server answers: every 0.
 
 class ComponentFailed(PrimeError):
     """A child process died; the message names it and shows its last log lines. `component`: which, `how`: how it
-    stopped; `retryable`: whether running it again may help (not for a full disk or a user error, exit code 2)."""
+    stopped; `retryable`: whether running it again may help (not for a full disk, a user error, exit code 2, or a
+    non-finite loss, exit code 3)."""
 
     def __init__(self, message: str, component: str = "", how: str = "", retryable: bool = False):
         super().__init__(message)
@@ -95,7 +96,7 @@ def failure(child: Child, run_dir: Path, how: str | None = None) -> ComponentFai
         return ComponentFailed(f"{child.name} {how}: {describe(disk, run_dir)}", child.name, how)
     lines = "\n".join(f"  {line}" for line in child.last_lines())
     return ComponentFailed(f"{child.name} {how}; last lines of {child.log_path}:\n{lines}", child.name, how,
-                           retryable=code != 2)
+                           retryable=code not in (2, 3))  # a user error; non-finite numbers (they would repeat)
 
 
 def trainer_rendezvous(config: RLConfig) -> list[str]:
@@ -232,7 +233,8 @@ def run_again(config: RLConfig, failed: ComponentFailed, deaths: dict[str, deque
     cannot help: another component, no restarts left (`deployment.max_restarts`), nothing to resume from, a full
     disk or a user error."""
     rule, name = config.deployment, failed.component
-    if name not in ("trainer", "orchestrator") or not failed.retryable or rule.max_restarts == 0:
+    whole = {"trainer", "orchestrator"} <= set(rule.components)  # a split run's other half would not follow
+    if name not in ("trainer", "orchestrator") or not whole or not failed.retryable or rule.max_restarts == 0:
         raise failed
     now = time.monotonic()
     times = deaths.setdefault(name, deque())
@@ -242,13 +244,18 @@ def run_again(config: RLConfig, failed: ComponentFailed, deaths: dict[str, deque
     if len(times) >= rule.max_restarts or not saved:
         why = "no complete checkpoint to run again from" if not saved else \
             f"{len(times)} restart(s) within {rule.restart_window_s:g}s (deployment.max_restarts = {rule.max_restarts})"
-        raise ComponentFailed(f"{name} {failed.how} and the run is not run again ({why}): {failed}", name)
+        _, _, log_tail = str(failed).partition("; ")
+        raise ComponentFailed(f"{name} {failed.how}, not run again ({why}); {log_tail}", name, failed.how)
     delay = BACKOFF_S * 2 ** len(times)
     times.append(now)
     print(f"rl: warning: {name} {failed.how}; running the run again from checkpoint step {saved[-1]} in {delay:g}s "
           f"(restart {len(times)} of {rule.max_restarts} within {rule.restart_window_s:g}s; see "
           f"{log_file(config.output_dir, name)})", file=sys.stderr, flush=True)
-    time.sleep(delay)
+    try:
+        time.sleep(delay)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while nothing runs: the run stops as it would mid-run
+        Console(stderr=False, soft_wrap=True).print(f"interrupted; all components stopped. {resume_hint(config)}")
+        raise SystemExit(130) from None
     return with_values(config, {"ckpt.resume_step": "latest", "overwrite": False})
 
 
@@ -295,8 +302,9 @@ def run_once(config: RLConfig, console: Console) -> tuple[RLConfig, MetricsTail,
                           "elsewhere logs its last step (Ctrl-C stops it sooner)")
         view = ProgressView(console, config.max_steps, resumed or 0, config.output_dir,
                             config.orchestrator.samples.console_rows)
+        nccl = config.weight_transfer.mode == "distributed"  # a new server cannot join the trainer's group
         restarts = ServerRestarts({name: (child, health) for name, health, child in waits if child is not None},
-                                  config.deployment)
+                                  config.deployment, fixed=policy_servers(config) if nccl else ())
         supervise(children, view, tail, config.output_dir, config.max_steps, restarts)
     except KeyboardInterrupt:
         interrupted = True

@@ -48,14 +48,16 @@ class DeploymentConfig(BaseConfig):
     """Restarts of one component within restart_window_s. An inference server (the policy's, a teacher's, a judge's)
     that exits or hangs (hang_timeout_s) is started again alone: the orchestrator loads the newest weights on it and
     retries its requests. A trainer or orchestrator that exits runs the whole run again from its newest complete
-    checkpoint (not after a user error, exit code 2, or on a full disk). Past them the run stops with one line (of
-    several policy servers, it goes on without that one). 0: nothing is restarted
-    (docs/deployment.md#when-a-process-dies)."""
+    checkpoint (not after a user error, exit code 2, a non-finite loss, exit code 3, or on a full disk). Past them
+    the run stops with one line (of several policy servers, it goes on without that one). 0: nothing is restarted
+    (docs/deployment.md#when-a-process-dies). A policy server fed over NCCL (weight_transfer.mode = 'distributed')
+    is not restarted alone."""
     restart_window_s: Annotated[float, Field(gt=0)] = 3600.0
     """The window max_restarts counts in; a server's k-th restart in it waits 2^(k-1) s first."""
-    hang_timeout_s: Annotated[float, Field(gt=0)] | None = 300.0
+    hang_timeout_s: Annotated[float, Field(ge=10)] | None = 300.0
     """An inference server whose /health has not answered for this long is killed and restarted like one that died
-    (a stopped or stuck process); none: only a server that exits is."""
+    (a stopped or stuck process); at least 10 s (/health is asked every 2 s and given 5 s to answer); none: only a
+    server that exits (or a restarted one that does not answer within startup_timeout_s) is."""
     components: list[Literal["inference", "orchestrator", "trainer"]] = Field(
         default_factory=lambda: ["inference", "orchestrator", "trainer"])
     """The components this rl starts (a split run: one rl per node, each with some; docs/deployment.md#multi-node)."""

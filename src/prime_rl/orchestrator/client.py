@@ -93,22 +93,33 @@ class RolloutCompletion:
         return cls([], [], "", "stop", [], [])
 
     def add_sampled(self, sampled: RolloutCompletion, text: str | None = None) -> None:
-        """Append what the policy sampled in one call (mask true, with its logprobs and weight steps); its finish
-        reason and text (or `text`: what of it to keep) become the record's."""
-        self.add_ids(sampled.token_ids, sampled.logprobs, True)
+        """Append what the policy sampled in one call (its ids, logprobs, mask: all true for a plain choice, and
+        weight steps); its finish reason and text (or `text`: what of it to keep) become the record's."""
+        self.add_ids(sampled.token_ids, sampled.logprobs, sampled.sampled_mask())
         self.weight_steps += sampled.weight_steps
         self.finish_reason, self.text = sampled.finish_reason, sampled.text if text is None else text
 
     def add_context(self, ids: list[int]) -> None:
         """Append ids the policy did not sample (a template tail, an environment's reply): mask false, logprob 0."""
-        self.add_ids(ids, [0.0] * len(ids), False)
+        self.add_ids(ids, [0.0] * len(ids), [False] * len(ids))
 
-    def add_ids(self, ids: list[int], logprobs: list[float], sampled: bool) -> None:
+    def add_ids(self, ids: list[int], logprobs: list[float], mask: list[bool]) -> None:
         if self.mask is None:
             self.mask = [True] * len(self.token_ids)
         self.token_ids += ids
         self.logprobs += logprobs
-        self.mask += [sampled] * len(ids)
+        self.mask += mask
+
+    def sampled_mask(self) -> list[bool]:
+        """Per token: whether the policy sampled it (a copy)."""
+        return [True] * len(self.token_ids) if self.mask is None else list(self.mask)
+
+    def cut(self, position: int) -> None:
+        """Keep the tokens before `position` (and the weight steps of the sampled ones among them)."""
+        sampled = sum(self.sampled_mask()[:position])
+        self.token_ids, self.logprobs = self.token_ids[:position], self.logprobs[:position]
+        self.weight_steps = self.weight_steps[:sampled]
+        self.mask = None if self.mask is None else self.mask[:position]
 
 
 @dataclass
@@ -237,8 +248,9 @@ class InferenceClient:
         await self._http.close()
 
     async def _request(self, method: str, url: str, payload: Any = None) -> dict[str, Any]:
-        """One request; connection failures are retried until connect_timeout_s, then InferenceError."""
-        deadline = time.monotonic() + self.config.connect_timeout_s
+        """One request; connection failures are retried for connect_timeout_s from the first one (a request that
+        ran long before its server died is retried as long as a new one), then InferenceError."""
+        deadline = None
         delay = 0.2
         while True:
             try:
@@ -248,6 +260,7 @@ class InferenceClient:
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 if isinstance(exc, aiohttp.ServerTimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError):
                     raise self._timeout(url) from None
+                deadline = deadline or time.monotonic() + self.config.connect_timeout_s
                 if time.monotonic() + delay > deadline:
                     raise InferenceError(
                         f"inference server at {self.root} unreachable for {self.config.connect_timeout_s:g}s "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -48,14 +49,19 @@ class ClientConfig(BaseConfig):
 
 
 class _Built:
-    """The environment a config built, kept beside it: no part of the config's value (configs that differ only in
-    it are equal), and a deep copy of the config builds its own."""
+    """The environment a config built and the (id, args) it was built from, kept beside the config: no part of the
+    config's value (configs that differ only in it are equal), never copied deeply or pickled (a copy builds its
+    own), and built again when the config's id or args are no longer those."""
 
     def __init__(self) -> None:
+        self.key: str | None = None
         self.env: Environment | None = None
 
     def __deepcopy__(self, memo: dict) -> _Built:
         return _Built()
+
+    def __reduce__(self) -> tuple:
+        return _Built, ()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Built)
@@ -105,8 +111,9 @@ class EnvConfig(BaseConfig):
     def build(self) -> Environment:
         """Its environment, built by the first call and kept: the config's checks, the run's draws and its
         evaluation use the one environment."""
-        if self._built.env is None:
-            self._built.env = load_env(self.id, **self.args)
+        key = json.dumps([self.id, self.args], sort_keys=True, default=repr)
+        if self._built.key != key:
+            self._built.env, self._built.key = load_env(self.id, **self.args), key
         return self._built.env
 
     @property

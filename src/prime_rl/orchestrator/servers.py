@@ -13,8 +13,8 @@
   raised as is.
 - A dropped server is probed every `REVIVE_PROBE_S` seconds; when it answers again (`rl` restarts a server that
   died: `deployment.max_restarts`), the newest weights the pool loaded are loaded on it and it is taken back.
-  With every server dropped, requests wait up to `connect_timeout_s` for one to come back (as they would for the
-  only server), then the run fails with one line.
+  With every server dropped, a request waits up to `connect_timeout_s` for one to come back (as it would for the
+  only server) and tries the live ones once more; then the run fails with one line.
 - A server that restarted without being dropped (the only one, whose requests wait for it up to
   `connect_timeout_s`; a fast restart) serves its initial weights: a generation admitted under an older step than
   the pool last loaded on every server gives it away. Its weights are loaded again and the request retried
@@ -56,7 +56,7 @@ class ServerPool:
         self.outstanding = {id(c): 0 for c in self.clients}
         self.answered = {id(c): 0 for c in self.clients}  # generate requests answered since `step_metrics`
         self.loaded: tuple[str, int] | None = None  # the weights (path, step) last loaded on every live server
-        self._reloading: dict[int, asyncio.Lock] = {}
+        self._reloading: dict[int, asyncio.Lock] = {}  # per server: one reload at a time
         self._revivals: set[asyncio.Task] = set()
         self._stack = contextlib.AsyncExitStack()
 
@@ -99,7 +99,8 @@ class ServerPool:
             await asyncio.sleep(0.1)
 
     async def _load_newest(self, client: InferenceClient) -> None:
-        """Load on `client` the weights the pool last loaded everywhere (again, if they changed meanwhile)."""
+        """Load on `client` the weights the pool last loaded everywhere (again, if an update finished meanwhile). An
+        update that starts meanwhile may still pass it by: its first answer then tells (`_reload`)."""
         while (target := self.loaded) is not None:
             await client.update_weights(*target)
             if self.loaded == target:
@@ -121,8 +122,8 @@ class ServerPool:
             return
 
     async def _reload(self, client: InferenceClient, answered_step: int) -> None:
-        """`client` answered under `answered_step`, older than the pool loaded on it: it restarted. Load the newest
-        weights on it once, however many of its requests found it so."""
+        """`client` answered under `answered_step`, older than the pool loaded on it: it restarted (or came back as
+        an update passed it by). Load the newest weights on it once, however many of its requests found it so."""
         async with self._reloading.setdefault(id(client), asyncio.Lock()):
             if await client.served_step() >= self.loaded[1]:
                 return  # another request reloaded it meanwhile
@@ -134,11 +135,15 @@ class ServerPool:
         """`call` on the live server with the fewest outstanding requests; on another if that one is unreachable.
         `generates`: `call` answers a ChatResult, checked for a restarted server (module docstring)."""
         tried: set[int] = set()
-        reloads = 0
+        reloads = waited = 0
         while True:
             candidates = [c for c in self.live if id(c) not in tried]
-            if not candidates:  # every server was tried and dropped
+            if not candidates:  # every server was tried and dropped: once, wait for one to come back
+                if waited:
+                    raise InferenceError(f"no inference server left (all {len(self.clients)} unreachable, again "
+                                         "after one came back)")
                 await self._until_live(f"all {len(tried)} unreachable")
+                waited += 1
                 tried.clear()
                 continue
             client = min(candidates, key=lambda c: self.outstanding[id(c)])

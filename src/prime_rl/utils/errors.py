@@ -18,7 +18,10 @@ class ConfigError(UserError):
 
 
 class NonFiniteError(PrimeError):
-    """Loss, gradient norm or updated parameters are NaN/inf: nothing of the step is written."""
+    """Loss, gradient norm or updated parameters are NaN/inf: nothing of the step is written. Exit code 3: the run's
+    own numbers went wrong, and running it again from a checkpoint would repeat them (`rl` does not)."""
+
+    exit_code = 3
 
 
 def first_line(exc: BaseException) -> str:

@@ -99,8 +99,7 @@ def cut_unsampleable(draw: Draw, rollouts: list[list[RolloutCompletion]], vocab:
         if bad is None:
             continue
         why = f"the server sampled token id {c.token_ids[bad]}, past the tokenizer's {vocab} ids"
-        c.token_ids, c.logprobs, c.weight_steps = c.token_ids[:bad], c.logprobs[:bad], c.weight_steps[:bad]
-        c.mask = None if c.mask is None else c.mask[:bad]
+        c.cut(bad)
         _unsampleable[draw.env] += 1
         count = _unsampleable[draw.env]
         if worth_logging(count):

@@ -161,8 +161,10 @@ class AgentRunner:
         out = await self._sessions(draw, n, rule, settings.max_tokens, seed)
         failed = cut_unsampleable(draw, [[p.completion for p in rollout] for rollout in out.pieces],
                                   settings.vocab, out.failed)
+        pieces = [[p if p.scales is None else p._replace(scales=p.scales[:len(p.completion.token_ids)])
+                   for p in rollout] for rollout in out.pieces]  # a cut completion's discount as long as it
         group = await score_group(draw, out.result, settings.truncated_reward, out.rollouts, out.stats, failed)
-        return replace(group, pieces=out.pieces)
+        return replace(group, pieces=pieces)
 
     async def _sessions(self, draw: Draw, n: int, rule: SamplingRule, max_tokens: int, seed: int | None
                         ) -> AgentGroup:
