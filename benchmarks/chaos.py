@@ -32,10 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.rl_runs import (  # noqa: E402  (the test helpers read runs the same way)
-    MODULES,
     alive,
     check_samples_once,
-    cmdline,
+    component_pids,
     descendants,
     logged_steps,
     rows_by_source,
@@ -66,14 +65,6 @@ def wait(condition, proc: subprocess.Popen, timeout_s: float = 600) -> bool:
     return True
 
 
-def victims(proc: subprocess.Popen, component: str) -> list[int]:
-    """The processes of `component` under rl, once there are some (none while rl runs the run again)."""
-    found: list[int] = []
-    wait(lambda: bool(found.extend(p for p in descendants(proc.pid) if MODULES[component] in cmdline(p)) or found),
-         proc, timeout_s=120)
-    return found
-
-
 def one_run(steps: int, events: int, servers: int, seed: int, rng: random.Random | None) -> dict:
     """One run (`rng` None: undisturbed); what happened and what was checked."""
     out = Path(tempfile.mkdtemp(prefix="chaos-"))
@@ -98,10 +89,11 @@ def one_run(steps: int, events: int, servers: int, seed: int, rng: random.Random
             choices = [(a, c) for a, cs in RECOVERY.items() for c in cs if hits[c] < 3]
             action, component = rng.choice(choices)
             said = log.read_text().count(RECOVERY[action][component])
-            pids = victims(proc, component)
-            seen |= descendants(proc.pid)
-            if not pids:
+            try:
+                pids = component_pids(proc, component)
+            except AssertionError:  # rl ended (or none came): the checks below say how it ended
                 break
+            seen |= descendants(proc.pid)
             os.kill(rng.choice(pids), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
             hits[component] += 1
             hit = time.monotonic()

@@ -12,10 +12,10 @@ import time
 import pytest
 
 from tests.support.rl_runs import (
-    MODULES,
     alive,
     check_samples_once,
     cmdline,
+    component_pids,
     descendants,
     logged_steps,
     rows_by_source,
@@ -35,15 +35,9 @@ def wait_for(condition, proc, log, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
-def pid_of(proc, component: str, timeout_s: float = 120) -> int:
-    """The one process of `component` under rl, once there is one (none while rl runs the run again)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = [pid for pid in descendants(proc.pid) if MODULES[component] in cmdline(pid)]
-        if len(found) == 1:
-            return found[0]
-        assert proc.poll() is None and time.monotonic() < deadline, (component, found)
-        time.sleep(0.1)
+def pid_of(proc, component: str) -> int:
+    (pid,) = component_pids(proc, component)
+    return pid
 
 
 def test_the_only_server_killed_then_hung_is_restarted_and_the_run_finishes(tmp_path, tiny_model_dir):

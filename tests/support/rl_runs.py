@@ -111,6 +111,18 @@ MODULES = {
 }
 
 
+def component_pids(proc: subprocess.Popen, component: str, timeout_s: float = 120) -> list[int]:
+    """The processes of `component` under `rl`, once there are some (none while rl runs the run again); fails when
+    rl exits first or none appears within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [pid for pid in descendants(proc.pid) if MODULES[component] in cmdline(pid)]
+        if found:
+            return found
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {component} process under rl"
+        time.sleep(0.1)
+
+
 def logged_steps(run_dir: Path, source: str) -> list[int]:
     """Steps of `source`'s metrics.jsonl lines, in file order, duplicates kept."""
     rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
